@@ -1,0 +1,54 @@
+"""accumcore: exact gradient accumulation for TensorFlow 2 / Keras 3.
+
+One accumulated window of any micro-batch sizes produces the same optimizer update as one large
+batch, to float round-off, for losses that are means over samples (or tokens).
+
+Entry points:
+    :class:`AccumTrainer`  custom loops (eager, ``tf.function``, whole-epoch graph, in-graph split)
+    :class:`AccumModel`    ``model.fit`` with a ``train_step`` override
+    :class:`AccumulationState`  the accumulators and counters all of them share
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def _check_tensorflow() -> None:
+    try:
+        import tensorflow as tf
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "accumcore needs TensorFlow >= 2.16 (Keras 3). Install it with "
+            "`pip install tensorflow` (or `tensorflow-cpu`), or `pip install accumcore[tf]`."
+        ) from err
+    import keras
+
+    major_minor = tuple(int(p) for p in tf.__version__.split(".")[:2])
+    if major_minor < (2, 16) or int(keras.__version__.split(".")[0]) < 3:
+        raise ImportError(
+            f"accumcore needs TensorFlow >= 2.16 with Keras 3; found TensorFlow "
+            f"{tf.__version__} and Keras {keras.__version__}."
+        )
+
+
+_check_tensorflow()
+
+from accumcore.config import resolve_accum_steps  # noqa: E402
+from accumcore.data import MNIST, load_mnist  # noqa: E402
+from accumcore.errors import NonFiniteGradientError  # noqa: E402
+from accumcore.loops import AccumTrainer, LoopHistory  # noqa: E402
+from accumcore.model import AccumModel, WindowFlushCallback  # noqa: E402
+from accumcore.state import AccumulationState  # noqa: E402
+
+__all__ = [
+    "MNIST",
+    "AccumModel",
+    "AccumTrainer",
+    "AccumulationState",
+    "LoopHistory",
+    "NonFiniteGradientError",
+    "WindowFlushCallback",
+    "load_mnist",
+    "resolve_accum_steps",
+]

@@ -1,0 +1,125 @@
+"""Validation of accumulation settings, shared by every entry point.
+
+Every check raises an error that names the offending parameter and says how to fix it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any
+
+#: What happens to a partially filled window when an epoch ends.
+END_OF_EPOCH_POLICIES = ("apply", "carry", "drop")
+
+#: What happens when a micro-batch produces a non-finite (NaN or Inf) gradient.
+NONFINITE_POLICIES = ("raise", "skip_micro_batch", "skip_window")
+
+#: How the summed loss of a window is normalised (see :class:`accumcore.AccumulationState`).
+NORMALIZERS = ("samples", "sample_weight")
+
+
+def check_accum_steps(accum_steps: Any, name: str = "accum_steps") -> int:
+    """Return ``accum_steps`` as an ``int`` after checking it is a positive integer.
+
+    Raises:
+        TypeError: for ``bool``, ``float`` or any non-integer value.
+        ValueError: for zero or negative values.
+    """
+    if isinstance(accum_steps, bool) or not isinstance(accum_steps, numbers.Integral):
+        raise TypeError(
+            f"`{name}` must be a positive int (the number K of micro-batches per optimizer "
+            f"update), got {accum_steps!r} of type {type(accum_steps).__name__}. "
+            f"Pass e.g. `{name}=4`."
+        )
+    if accum_steps < 1:
+        raise ValueError(
+            f"`{name}` must be >= 1 (1 means no accumulation), got {accum_steps}. "
+            f"Pass e.g. `{name}=4` to apply one update every 4 micro-batches."
+        )
+    return int(accum_steps)
+
+
+def resolve_accum_steps(
+    accum_steps: int | None = None,
+    *,
+    effective_batch_size: int | None = None,
+    micro_batch_size: int | None = None,
+    exact: bool = True,
+) -> int:
+    """Return K, from ``accum_steps`` or from ``effective_batch_size / micro_batch_size``.
+
+    Args:
+        accum_steps: K directly. Mutually exclusive with ``effective_batch_size``.
+        effective_batch_size: the target batch B (samples per optimizer update).
+        micro_batch_size: the micro-batch b that fits on the device (samples).
+        exact: if True (default), B must be a multiple of b; if False, K = ceil(B / b).
+
+    Example:
+        >>> resolve_accum_steps(effective_batch_size=64, micro_batch_size=16)
+        4
+    """
+    if accum_steps is not None and effective_batch_size is not None:
+        raise ValueError(
+            "Pass either `accum_steps` or `effective_batch_size` (with `micro_batch_size`), "
+            "not both."
+        )
+    if accum_steps is not None:
+        return check_accum_steps(accum_steps)
+    if effective_batch_size is None:
+        raise ValueError(
+            "Pass `accum_steps` (e.g. 4), or `effective_batch_size` together with "
+            "`micro_batch_size`."
+        )
+    big = check_accum_steps(effective_batch_size, "effective_batch_size")
+    if micro_batch_size is None:
+        raise ValueError(
+            "`micro_batch_size` is required with `effective_batch_size`: K = "
+            "effective_batch_size / micro_batch_size."
+        )
+    small = check_accum_steps(micro_batch_size, "micro_batch_size")
+    if big % small:
+        if exact:
+            raise ValueError(
+                f"`effective_batch_size`={big} is not a multiple of `micro_batch_size`={small}; "
+                f"choose e.g. effective_batch_size={(big // small + 1) * small}, or pass "
+                "`exact=False` to round K up."
+            )
+        return -(-big // small)
+    return big // small
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """Check that ``value`` is one of ``choices`` (a policy string)."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(
+            f"Unknown `{name}`={value!r}; expected one of {', '.join(map(repr, choices))}."
+        )
+    return value
+
+
+def check_normalizer(normalizer: Any) -> str | Callable:
+    """Check the ``normalizer`` argument: ``"samples"``, ``"sample_weight"`` or a callable."""
+    if callable(normalizer):
+        return normalizer
+    return check_choice(normalizer, "normalizer", NORMALIZERS)
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """Reject optimizers that would accumulate a second time, or are not Keras 3 optimizers."""
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(
+            f"`optimizer` must be a Keras 3 optimizer instance (e.g. keras.optimizers.Adam()), "
+            f"got {type(optimizer).__name__}."
+        )
+    inner = getattr(optimizer, "inner_optimizer", None)
+    for opt in (optimizer, inner):
+        steps = getattr(opt, "gradient_accumulation_steps", None)
+        if steps:
+            raise ValueError(
+                f"`optimizer` already accumulates gradients (gradient_accumulation_steps={steps}). "
+                "accumcore does the accumulation: create the optimizer without "
+                "`gradient_accumulation_steps` and pass `accum_steps` to accumcore instead."
+            )

@@ -1,0 +1,133 @@
+"""One micro-batch's contribution: the gradient of its summed loss and its weight.
+
+Shared by the loops (:mod:`accumcore.loops`) and the Keras integration
+(:mod:`accumcore.model`), so all three entry points compute exactly the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import keras
+import tensorflow as tf
+
+
+def first_leaf(x: Any) -> tf.Tensor:
+    """The first non-``None`` tensor in a (possibly nested) input structure."""
+    for leaf in tf.nest.flatten(x):
+        if leaf is not None:
+            return leaf
+    raise ValueError("The micro-batch `x` has no tensors: the dataset must yield inputs.")
+
+
+def batch_size_of(x: Any) -> tf.Tensor:
+    """Number of samples in a micro-batch (int32 scalar; the leading dimension of ``x``)."""
+    return tf.shape(first_leaf(x))[0]
+
+
+def micro_batch_weight(
+    normalizer: str | Callable, x: Any, y: Any, sample_weight: Any
+) -> tf.Tensor:
+    """The weight ``c_i`` of one micro-batch (float32 scalar).
+
+    * ``"samples"``: the number of samples. Exact for Keras's default
+      ``sum_over_batch_size`` reduction, which divides by the number of loss elements (with or
+      without sample weights), as long as every sample has the same number of loss elements.
+    * ``"sample_weight"``: the sum of the sample weights (the number of samples when there are
+      none); exact for losses normalised by the weight sum (``reduction="mean_with_sample_weight"``).
+    * a callable ``f(x, y, sample_weight) -> scalar``: e.g. the number of valid tokens, for a
+      loss that is the mean over those tokens.
+    """
+    if callable(normalizer):
+        return tf.cast(normalizer(x, y, sample_weight), tf.float32)
+    if normalizer == "sample_weight" and sample_weight is not None:
+        return tf.reduce_sum(tf.cast(sample_weight, tf.float32))
+    return tf.cast(batch_size_of(x), tf.float32)
+
+
+def replica_loss_factor() -> float:
+    """Number of replicas in sync when called inside a replica context, else 1.
+
+    Keras losses divide their mean by the number of replicas under ``tf.distribute`` (so that
+    summing gradients across replicas gives the global mean). accumcore normalises by the
+    global window weight itself, so it multiplies that division back out.
+    """
+    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False:
+        return float(tf.distribute.get_strategy().num_replicas_in_sync)
+    return 1.0
+
+
+class FunctionLoss(keras.losses.Loss):
+    """A Keras loss (mean reduction, sample weights) around ``fn(y_true, y_pred)``.
+
+    ``fn`` returns per-sample losses (shape ``(batch,)`` or ``(batch, ...)``) or a scalar mean.
+    """
+
+    def __init__(self, fn: Callable, name: str | None = None) -> None:
+        super().__init__(name=name or getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
+def as_loss_fn(loss: Any) -> keras.losses.Loss:
+    """A reducing Keras loss from a loss instance, a string name, or a callable."""
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+        if isinstance(loss, keras.losses.Loss):
+            return loss
+    if callable(loss):
+        return FunctionLoss(loss)
+    raise TypeError(
+        f"`loss` must be a keras.losses.Loss, a loss name such as "
+        f"'sparse_categorical_crossentropy', or a callable(y_true, y_pred), got {loss!r}."
+    )
+
+
+class MicroBatchResult(NamedTuple):
+    """One micro-batch's forward and backward pass (see :func:`summed_loss_gradients`)."""
+
+    loss: tf.Tensor  # mean loss of the micro-batch, float32 scalar (for logging)
+    grads: list  # gradients of weight * loss (times the loss scale), one per trainable variable
+    weight: tf.Tensor  # c_i, float32 scalar
+    samples: tf.Tensor  # number of samples, int32 scalar
+    y_pred: Any  # the model's outputs, for metrics
+
+
+def summed_loss_gradients(
+    model: keras.Model,
+    loss_of: Callable[[Any, Any, Any, Any], tf.Tensor],
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    *,
+    normalizer: str | Callable,
+    optimizer: keras.optimizers.Optimizer,
+) -> MicroBatchResult:
+    """Forward and backward pass of one micro-batch.
+
+    Args:
+        model: the Keras model (built).
+        loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's *mean*
+            loss (float scalar), e.g. ``model.compute_loss``.
+        x, y, sample_weight: one micro-batch.
+        normalizer: how to weigh the micro-batch (see :func:`micro_batch_weight`).
+        optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).
+
+    Returns:
+        A :class:`MicroBatchResult`: the gradients are those of ``weight * mean_loss`` (times
+        the loss scale, if any) for ``model.trainable_variables``.
+    """
+    variables = model.trainable_variables
+    weight = micro_batch_weight(normalizer, x, y, sample_weight)
+    with tf.GradientTape() as tape:
+        y_pred = model(x, training=True)
+        loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
+        loss = loss * replica_loss_factor()
+        summed = optimizer.scale_loss(loss * weight)
+    grads = tape.gradient(summed, variables)
+    return MicroBatchResult(loss, grads, weight, batch_size_of(x), y_pred)

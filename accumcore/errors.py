@@ -1,0 +1,32 @@
+"""Exceptions raised by accumcore."""
+
+from __future__ import annotations
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A micro-batch produced a NaN or Inf gradient under ``nonfinite="raise"``.
+
+    The offending micro-batch was *not* added to the window: the accumulation state is exactly
+    as it was before that micro-batch, so a checkpoint taken now loses nothing.
+
+    Attributes:
+        micro_step: 0-based index of the offending micro-batch since training started.
+        window_position: 0-based position of that micro-batch inside its window.
+        variable: name of the first trainable variable whose gradient was not finite.
+        epoch: 0-based epoch, when the caller knows it (else ``None``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        micro_step: int,
+        window_position: int,
+        variable: str,
+        epoch: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.micro_step = micro_step
+        self.window_position = window_position
+        self.variable = variable
+        self.epoch = epoch

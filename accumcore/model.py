@@ -1,0 +1,255 @@
+"""``model.fit`` with exact gradient accumulation: a ``keras.Model`` subclass.
+
+``AccumModel`` overrides ``train_step`` so that ``fit`` keeps callbacks, metrics, the progress
+bar and ``History``; each ``train_step`` is one micro-batch, and one optimizer update is
+applied every ``accum_steps`` micro-batches. Use it functionally or by subclassing::
+
+    inputs = keras.Input((784,))
+    outputs = keras.layers.Dense(10, activation="softmax")(inputs)
+    model = AccumModel(inputs, outputs, accum_steps=4)
+    model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x_train, y_train, batch_size=16, epochs=3)   # updates of 64 samples
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from accumcore.config import (
+    END_OF_EPOCH_POLICIES,
+    NONFINITE_POLICIES,
+    check_accum_steps,
+    check_choice,
+    check_normalizer,
+    check_optimizer,
+)
+from accumcore.core import summed_loss_gradients
+from accumcore.state import AccumulationState
+
+_CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
+
+
+class WindowFlushCallback(keras.callbacks.Callback):
+    """Applies ``AccumModel``'s end-of-epoch policy and reports non-finite gradients.
+
+    ``AccumModel.fit`` adds it automatically, first in the list, so that a partial window is
+    flushed *before* validation and before other callbacks (checkpoints) see the epoch's end.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.model.accumulation.raise_if_nonfinite(self._epoch)
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        # Validation inside fit: a large-batch fit would have applied the last batch already.
+        if self.model.end_of_epoch == "apply":
+            self.model.flush_window()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.model.end_window_of_epoch(epoch)
+
+
+@keras.saving.register_keras_serializable(package="accumcore")
+class AccumModel(keras.Model):
+    """A ``keras.Model`` whose ``fit`` accumulates ``accum_steps`` micro-batches per update.
+
+    Args:
+        *args, **kwargs: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
+        accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
+            is the micro-batch size b; the effective batch is K * b).
+        end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
+        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"`` or ``"skip_window"``.
+        normalizer: ``"samples"`` (default), ``"sample_weight"`` or a callable
+            ``(x, y, sample_weight) -> item count``.
+
+    The loss logged by ``fit`` is the true per-sample mean over the epoch. The accumulation
+    state (a half-full window included) is saved with ``model.save`` / ``save_weights`` and
+    tracked by ``tf.train.Checkpoint(model=model)``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        accum_steps: int = 1,
+        end_of_epoch: str = "apply",
+        nonfinite: str = "raise",
+        normalizer: str | Callable = "samples",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.accum_steps = check_accum_steps(accum_steps)
+        self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
+        self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
+        self.normalizer = check_normalizer(normalizer)
+        self.accumulation = AccumulationState(self.accum_steps, nonfinite=self.nonfinite)
+        self._accum_loss_tracker = keras.metrics.Mean(name="loss")
+
+    # ------------------------------------------------------------------ config
+    def get_config(self) -> dict:
+        config = super().get_config()
+        if callable(self.normalizer):
+            raise ValueError(
+                "An AccumModel with a callable `normalizer` cannot be serialised; pass "
+                "normalizer='samples' or 'sample_weight', or re-create the model in code."
+            )
+        config.update({k: getattr(self, k) for k in _CONFIG_KEYS})
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict, custom_objects: dict | None = None) -> AccumModel:
+        config = dict(config)
+        extra = {k: config.pop(k) for k in _CONFIG_KEYS if k in config}
+        model = super().from_config(config, custom_objects=custom_objects)
+        if extra:
+            model.set_accumulation(**extra)
+        return model
+
+    def set_accumulation(
+        self,
+        accum_steps: int | None = None,
+        end_of_epoch: str | None = None,
+        nonfinite: str | None = None,
+        normalizer: str | Callable | None = None,
+    ) -> None:
+        """Change accumulation settings between ``fit`` calls (the window must be empty)."""
+        if self.accumulation.built and int(self.accumulation.micro_step.numpy()):
+            raise ValueError(
+                "A partial window is pending; call `model.flush_window()` before changing the "
+                "accumulation settings."
+            )
+        if accum_steps is not None:
+            self.accum_steps = check_accum_steps(accum_steps)
+        if end_of_epoch is not None:
+            self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
+        if nonfinite is not None:
+            self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
+        if normalizer is not None:
+            self.normalizer = check_normalizer(normalizer)
+        self.accumulation.accum_steps = self.accum_steps
+        self.accumulation.nonfinite = self.nonfinite
+        self.train_function = None  # retrace with the new settings
+
+    # ------------------------------------------------------------------ metrics
+    @property
+    def metrics(self) -> list:
+        # Our own "loss" tracker (weighted by micro-batch size) replaces Keras's, so the logged
+        # loss is the per-sample mean over the epoch, whatever the micro-batch sizes.
+        others = [m for m in super().metrics if m.name != "loss"]
+        return [self._accum_loss_tracker, *others]
+
+    # ------------------------------------------------------------------ building
+    def build_accumulation(self) -> None:
+        """Create the accumulators (called by ``fit`` once model and optimizer are built)."""
+        if not self.built or not self.trainable_variables:
+            raise ValueError(
+                "The model is not built, so accumcore cannot create its accumulators. Give it "
+                "an input shape (keras.Input, `model.build(input_shape)`) or call it once."
+            )
+        if self.optimizer is not None:
+            check_optimizer(self.optimizer)
+        with self.distribute_strategy.scope():
+            self.accumulation.build(self.trainable_variables)
+
+    def make_train_function(self, force: bool = False):
+        self.build_accumulation()
+        return super().make_train_function(force)
+
+    def fit(self, *args: Any, **kwargs: Any):
+        """``keras.Model.fit``, with :class:`WindowFlushCallback` added first."""
+        if len(args) > 5:  # callbacks given positionally
+            args = list(args)
+            kwargs["callbacks"] = args.pop(5)
+        callbacks = list(kwargs.pop("callbacks", None) or [])
+        if not any(isinstance(c, WindowFlushCallback) for c in callbacks):
+            callbacks.insert(0, WindowFlushCallback())
+        return super().fit(*args, callbacks=callbacks, **kwargs)
+
+    # ------------------------------------------------------------------ training
+    def _loss_of(self, x, y, y_pred, sample_weight):
+        return self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                 training=True)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        out = summed_loss_gradients(
+            self, self._loss_of, x, y, sample_weight,
+            normalizer=self.normalizer, optimizer=self.optimizer,
+        )
+        self.accumulation.step(
+            out.grads, out.weight, out.samples, self.optimizer, self.trainable_variables
+        )
+        self._accum_loss_tracker.update_state(out.loss, sample_weight=out.weight)
+        logs = self.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
+        if self.nonfinite != "raise":
+            logs["skipped_micro_batches"] = self.accumulation.micro_batches_skipped
+            logs["skipped_windows"] = self.accumulation.windows_skipped
+        return logs
+
+    # ------------------------------------------------------------------ windows
+    def flush_window(self) -> bool:
+        """Apply the pending partial window now, with its true weight (no-op when empty)."""
+        if not self.accumulation.built or int(self.accumulation.micro_step.numpy()) == 0:
+            return False
+        state, optimizer, variables = self.accumulation, self.optimizer, self.trainable_variables
+        strategy = self.distribute_strategy
+        if strategy.num_replicas_in_sync > 1:
+            result = strategy.run(tf.function(lambda: state.apply_window(optimizer, variables)))
+            return bool(strategy.experimental_local_results(result)[0])
+        return bool(state.apply_window(optimizer, variables))
+
+    def end_window_of_epoch(self, epoch: int | None = None) -> None:
+        """Apply the ``end_of_epoch`` policy to a pending partial window."""
+        if not self.accumulation.built or int(self.accumulation.micro_step.numpy()) == 0:
+            return
+        if self.end_of_epoch == "apply":
+            self.flush_window()
+        elif self.end_of_epoch == "drop":
+            samples = int(self.accumulation.window_samples.numpy())
+            keras.utils.io_utils.print_msg(
+                f"accumcore: end_of_epoch='drop' discarded a partial window of {samples} "
+                f"samples at the end of epoch {epoch}."
+            )
+            self.accumulation.drop_window()
+
+    # ------------------------------------------------------------------ saving
+    def _accumulation_variables(self) -> list[tf.Variable]:
+        s = self.accumulation
+        return [
+            *s.accumulators, s.window_weight, s.micro_step, s.window_samples, s.windows_applied,
+            s.windows_skipped, s.micro_batches_seen, s.micro_batches_skipped, s.samples_seen,
+            s.samples_dropped, s.window_poisoned,
+        ]
+
+    def save_own_variables(self, store) -> None:
+        super().save_own_variables(store)
+        if self.built and self.trainable_variables:
+            self.build_accumulation()
+            for i, v in enumerate(self._accumulation_variables()):
+                store[f"accumcore_{i}"] = v.numpy()
+
+    def load_own_variables(self, store) -> None:
+        own = {k: store[k] for k in store.keys() if not str(k).startswith("accumcore_")}
+        super().load_own_variables(own)
+        keys = [k for k in store.keys() if str(k).startswith("accumcore_")]
+        if not keys:
+            return
+        self.build_accumulation()
+        variables = self._accumulation_variables()
+        if len(keys) != len(variables):
+            raise ValueError(
+                f"Saved accumulation state has {len(keys)} entries, this model needs "
+                f"{len(variables)}: the file was saved from a different architecture."
+            )
+        for i, v in enumerate(variables):
+            v.assign(store[f"accumcore_{i}"])

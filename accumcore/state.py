@@ -1,0 +1,385 @@
+"""The accumulation state: one small trackable object that every entry point shares.
+
+The update rule (the only rule that makes accumulation exact):
+
+* every micro-batch ``i`` contributes the gradient of its **summed** loss, ``c_i * grad(L_i)``,
+  where ``L_i`` is the micro-batch's mean loss and ``c_i`` its weight (number of samples, sum of
+  sample weights, or a caller-supplied item count such as valid tokens);
+* when the window closes, the sum is divided **once** by ``sum_i c_i`` and the optimizer's
+  ``apply`` is called exactly once.
+
+So the optimizer sees ``sum_i c_i grad(L_i) / sum_i c_i``, which is the gradient of the mean
+loss over the whole window: the large-batch gradient. Iterations, learning-rate schedules,
+Adam's bias correction, clipping, weight decay and EMA all advance once per window.
+
+Like optax's ``MultiSteps``, all mutable accumulation state lives here; the inner optimizer
+is touched only when a window completes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from accumcore.config import NONFINITE_POLICIES, check_accum_steps, check_choice
+from accumcore.errors import NonFiniteGradientError
+
+_ON_READ = tf.VariableSynchronization.ON_READ
+
+
+def _accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
+    """float32 for float16/bfloat16/float32 variables, float64 for float64 variables."""
+    return tf.float64 if variable_dtype == tf.float64 else tf.float32
+
+
+def _as_dtype(variable) -> tf.DType:
+    return tf.as_dtype(getattr(variable, "dtype", tf.float32))
+
+
+class AccumulationState(tf.Module):
+    """Gradient accumulators and window counters (trackable; checkpoint it mid-window).
+
+    Args:
+        accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
+        nonfinite: what to do with a micro-batch whose gradient contains NaN or Inf:
+            ``"raise"`` (default: freeze the state before that micro-batch and raise
+            :class:`~accumcore.NonFiniteGradientError` from the Python side),
+            ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),
+            ``"skip_window"`` (drop the whole window, apply nothing).
+
+    Variables (created by :meth:`build`, lazily, from the model's trainable variables):
+        accumulators: one per trainable variable, same shape, float32 (float64 for float64
+            variables), holding ``sum_i c_i * grad(L_i)`` of the current window.
+        window_weight: float32 scalar, ``sum_i c_i`` of the current window.
+        micro_step: int64, number of micro-batches already in the current window (0..K-1).
+        window_samples: int64, samples in the current window.
+        Counters (int64, over the whole run): ``windows_applied``, ``windows_skipped``,
+        ``micro_batches_seen``, ``micro_batches_skipped``, ``samples_seen`` (samples counted
+        into windows, applied or pending), ``samples_dropped`` (by the ``"drop"`` end-of-epoch
+        policy or a skipped window).
+    """
+
+    def __init__(
+        self, accum_steps: int, *, nonfinite: str = "raise", name: str = "accumulation"
+    ) -> None:
+        super().__init__(name=name)
+        self.accum_steps = check_accum_steps(accum_steps)
+        self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
+        self.accumulators: list[tf.Variable] = []
+        self._variable_names: list[str] = []
+        self._has_gradient: list[bool] = []
+        self._built = False
+        #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
+        #: window closes: ``True`` after an optimizer update, ``False`` when the window is
+        #: skipped or dropped. Layers with per-window state (e.g. window-level BatchNorm
+        #: statistics) register here.
+        self.window_hooks: list = []
+
+    # ------------------------------------------------------------------ building
+    @property
+    def built(self) -> bool:
+        return self._built
+
+    def build(self, variables: Sequence) -> None:
+        """Create the accumulators for ``variables`` (the model's trainable variables).
+
+        Safe to call inside a ``tf.function`` trace or a distribution strategy scope: the
+        variables are created eagerly (``tf.init_scope``). Calling it again is a no-op.
+
+        Raises:
+            ValueError: if ``variables`` is empty (an unbuilt model has no variables yet).
+        """
+        if self._built:
+            return
+        variables = list(variables)
+        if not variables:
+            raise ValueError(
+                "The model has no trainable variables yet, so there is nothing to accumulate. "
+                "Build the model first: call it on one batch, call `model.build(input_shape)`, "
+                "or start it with `keras.Input(shape=...)`."
+            )
+        on_read = tf.distribute.has_strategy()
+        sync = dict(synchronization=_ON_READ) if on_read else {}
+        sum_agg = dict(aggregation=tf.VariableAggregation.SUM) if on_read else {}
+        first = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA) if on_read else {}
+        with tf.init_scope():
+            self.accumulators = [
+                tf.Variable(
+                    tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
+                    trainable=False,
+                    name=f"accum_{i}",
+                    **sync,
+                    **sum_agg,
+                )
+                for i, v in enumerate(variables)
+            ]
+            self.window_weight = tf.Variable(
+                0.0, trainable=False, name="window_weight", **sync, **sum_agg
+            )
+
+            def counter(name: str, value: int = 0, agg: dict = first) -> tf.Variable:
+                return tf.Variable(
+                    tf.constant(value, tf.int64), trainable=False, name=name, **sync, **agg
+                )
+
+            self.micro_step = counter("micro_step")
+            self.window_samples = counter("window_samples", agg=sum_agg)
+            self.windows_applied = counter("windows_applied")
+            self.windows_skipped = counter("windows_skipped")
+            self.micro_batches_seen = counter("micro_batches_seen")
+            self.micro_batches_skipped = counter("micro_batches_skipped")
+            self.samples_seen = counter("samples_seen", agg=sum_agg)
+            self.samples_dropped = counter("samples_dropped", agg=sum_agg)
+            # Flags (int64 so that they checkpoint and cross devices like the counters).
+            self.window_poisoned = counter("window_poisoned")
+            self.nonfinite_micro_step = counter("nonfinite_micro_step", -1)
+            self.nonfinite_window_position = counter("nonfinite_window_position", -1)
+            self.nonfinite_variable = counter("nonfinite_variable", -1)
+        self._variable_names = [getattr(v, "path", None) or v.name for v in variables]
+        self._has_gradient = [True] * len(variables)
+        self._built = True
+
+    # ------------------------------------------------------------------ queries
+    def _check_built(self) -> None:
+        if not self._built:
+            raise ValueError(
+                "AccumulationState is not built: call `state.build(model.trainable_variables)` "
+                "once the model has variables."
+            )
+
+    def _check_gradients(self, grads: Sequence) -> None:
+        if len(grads) != len(self.accumulators):
+            raise ValueError(
+                f"Got {len(grads)} gradients for {len(self.accumulators)} accumulators: "
+                "`grads` must match the trainable variables the state was built from, one per "
+                "variable and in the same order (use `tape.gradient(loss, "
+                "model.trainable_variables)`)."
+            )
+        for g, acc in zip(grads, self.accumulators):
+            if g is not None and g.shape.rank is not None and acc.shape.rank is not None:
+                shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else g.shape
+                if isinstance(shape, tf.TensorShape) and not shape.is_compatible_with(acc.shape):
+                    raise ValueError(
+                        f"Gradient of shape {shape} does not match accumulator "
+                        f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
+                        "trainable variables the state was built from."
+                    )
+
+    @property
+    def frozen(self) -> tf.Tensor:
+        """True once a non-finite gradient was seen under ``nonfinite="raise"``."""
+        return self.nonfinite_micro_step >= 0
+
+    def counters(self) -> dict[str, int]:
+        """Run-long counters as Python ints (reads the variables; call outside graphs)."""
+        self._check_built()
+        names = (
+            "micro_step",
+            "window_samples",
+            "windows_applied",
+            "windows_skipped",
+            "micro_batches_seen",
+            "micro_batches_skipped",
+            "samples_seen",
+            "samples_dropped",
+        )
+        return {n: int(getattr(self, n).numpy()) for n in names}
+
+    # ------------------------------------------------------------------ update rule
+    def accumulate(self, grads: Sequence, weight, samples) -> tf.Tensor:
+        """Add one micro-batch: ``grads`` are gradients of its **summed** loss ``c_i * L_i``.
+
+        Args:
+            grads: one gradient per trainable variable (dense tensor, ``tf.IndexedSlices`` or
+                ``None`` for variables the loss does not depend on).
+            weight: ``c_i``, float scalar (samples, sum of sample weights or item count).
+            samples: number of samples in the micro-batch (int scalar), for the counters.
+
+        Returns:
+            A bool scalar: whether the micro-batch was added (False if it was skipped or the
+            state is frozen by a non-finite gradient).
+        """
+        self._check_built()
+        self._check_gradients(grads)
+        self._has_gradient = [g is not None for g in grads]
+        weight = tf.cast(weight, tf.float32)
+        samples = tf.cast(samples, tf.int64)
+        present = [(i, g) for i, g in enumerate(grads) if g is not None]
+        finite_flags = [
+            tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+            for _, g in present
+        ]
+        finite_flags.append(tf.math.is_finite(weight))
+        flags = tf.stack(finite_flags)
+        finite = tf.reduce_all(flags)
+        not_frozen = tf.logical_not(self.frozen)
+
+        def add() -> tf.Tensor:
+            for i, g in present:
+                acc = self.accumulators[i]
+                if isinstance(g, tf.IndexedSlices):
+                    acc.scatter_add(
+                        tf.IndexedSlices(tf.cast(g.values, acc.dtype), g.indices, g.dense_shape)
+                    )
+                else:
+                    acc.assign_add(tf.cast(g, acc.dtype))
+            self.window_weight.assign_add(weight)
+            self.window_samples.assign_add(samples)
+            self.samples_seen.assign_add(samples)
+            return tf.constant(True)
+
+        def skip() -> tf.Tensor:
+            self.micro_batches_skipped.assign_add(1)
+            if self.nonfinite == "skip_window":
+                self.window_poisoned.assign(1)
+            return tf.constant(False)
+
+        def freeze() -> tf.Tensor:
+            # First offending variable: index among *present* gradients -> variable index.
+            bad = tf.argmin(tf.cast(flags[:-1], tf.int32)) if present else 0
+            index_map = tf.constant([i for i, _ in present] or [-1], tf.int64)
+            var_index = tf.cond(
+                tf.reduce_all(flags[:-1]) if present else tf.constant(True),
+                lambda: tf.constant(-1, tf.int64),  # only the weight was non-finite
+                lambda: tf.gather(index_map, bad),
+            )
+            self.nonfinite_variable.assign(var_index)
+            self.nonfinite_window_position.assign(self.micro_step)
+            self.nonfinite_micro_step.assign(self.micro_batches_seen)
+            return tf.constant(False)
+
+        def live() -> tf.Tensor:
+            if self.nonfinite == "raise":
+                added = tf.cond(finite, add, freeze)
+            else:
+                added = tf.cond(finite, add, skip)
+            return added
+
+        return tf.cond(not_frozen, live, lambda: tf.constant(False))
+
+    def _window_gradients(self, variables: Sequence) -> list:
+        """The window's mean gradients, ``sum_i c_i grad(L_i) / sum_i c_i``, per variable."""
+        weight = self.window_weight
+        grads = []
+        for acc, var, has in zip(self.accumulators, variables, self._has_gradient):
+            if not has:
+                grads.append(None)
+                continue
+            g = tf.math.divide_no_nan(acc.read_value(), tf.cast(weight, acc.dtype))
+            grads.append(tf.cast(g, _as_dtype(var)))
+        return grads
+
+    def reset(self) -> None:
+        """Empty the current window (accumulators, weight, position); counters are kept."""
+        self._check_built()
+        for acc in self.accumulators:
+            acc.assign(tf.zeros_like(acc))
+        self.window_weight.assign(0.0)
+        self.window_samples.assign(0)
+        self.micro_step.assign(0)
+        self.window_poisoned.assign(0)
+
+    def apply_window(self, optimizer, variables: Sequence) -> None:
+        """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
+
+        A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) is discarded
+        and counted in ``windows_skipped`` instead. An empty window does nothing. Graph-safe.
+        """
+        self._check_built()
+        variables = list(variables)
+        has_data = self.micro_step > 0
+        poisoned = self.window_poisoned > 0
+        live = tf.logical_and(has_data, tf.logical_not(self.frozen))
+
+        def do_apply():
+            optimizer.apply(self._window_gradients(variables), variables)
+            self.windows_applied.assign_add(1)
+            self._run_hooks(True)
+            self.reset()
+            return tf.constant(True)
+
+        def do_skip():
+            self.windows_skipped.assign_add(1)
+            self.samples_dropped.assign_add(self.window_samples)
+            self._run_hooks(False)
+            self.reset()
+            return tf.constant(False)
+
+        def maybe():
+            return tf.cond(poisoned, do_skip, do_apply)
+
+        return tf.cond(live, maybe, lambda: tf.constant(False))
+
+    def drop_window(self) -> None:
+        """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
+        self._check_built()
+        self.samples_dropped.assign_add(self.window_samples)
+        self._run_hooks(False)
+        self.reset()
+
+    def _run_hooks(self, applied: bool) -> None:
+        for hook in self.window_hooks:
+            hook(applied)
+
+    def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
+        """Accumulate one micro-batch and close the window when it holds K micro-batches.
+
+        This is the whole per-micro-batch rule used by the eager loop, the compiled loop and
+        ``AccumModel.train_step``. Graph-safe (no Python decision depends on tensor values).
+
+        Returns:
+            bool scalar: whether an optimizer update was applied by this call.
+        """
+        self._check_built()
+        self.accumulate(grads, weight, samples)
+
+        def advance():
+            self.micro_batches_seen.assign_add(1)
+            self.micro_step.assign_add(1)
+            return tf.cond(
+                self.micro_step >= self.accum_steps,
+                lambda: self.apply_window(optimizer, variables),
+                lambda: tf.constant(False),
+            )
+
+        return tf.cond(self.frozen, lambda: tf.constant(False), advance)
+
+    # ------------------------------------------------------------------ non-finite report
+    def raise_if_nonfinite(self, epoch: int | None = None) -> None:
+        """Raise :class:`NonFiniteGradientError` if a non-finite gradient froze the state.
+
+        Call from Python after each step (the loops and ``AccumModel`` do). The error names the
+        epoch (when given), the micro-step, its position in the window and the first offending
+        variable. :meth:`clear_nonfinite` unfreezes the state (the bad micro-batch stays out).
+        """
+        if not self._built or self.nonfinite != "raise":
+            return
+        step = int(self.nonfinite_micro_step.numpy())
+        if step < 0:
+            return
+        position = int(self.nonfinite_window_position.numpy())
+        index = int(self.nonfinite_variable.numpy())
+        variable = self._variable_names[index] if index >= 0 else "<micro-batch weight>"
+        where = f"epoch {epoch}, " if epoch is not None else ""
+        raise NonFiniteGradientError(
+            f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "
+            f"in its window of {self.accum_steps}); first offending variable: {variable}. "
+            "That micro-batch was not accumulated; the window before it is intact. "
+            "Fix the data or the learning rate, or pass nonfinite='skip_micro_batch' or "
+            "'skip_window' to skip such micro-batches.",
+            micro_step=step,
+            window_position=position,
+            variable=variable,
+            epoch=epoch,
+        )
+
+    def clear_nonfinite(self) -> None:
+        """Unfreeze the state after a :class:`NonFiniteGradientError` (to continue training)."""
+        self._check_built()
+        self.nonfinite_micro_step.assign(-1)
+        self.nonfinite_window_position.assign(-1)
+        self.nonfinite_variable.assign(-1)
+
+    def get_config(self) -> dict:
+        return {"accum_steps": self.accum_steps, "nonfinite": self.nonfinite}

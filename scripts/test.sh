@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install everything and run every check: lint, unit tests, notebooks, book build, browser test.
+# This is exactly what CI runs (.ci/run).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
+export ACCUMCORE_QUICK="${ACCUMCORE_QUICK:-1}"
+start=$(date +%s)
+
+echo "== ruff"
+ruff check accumcore tests benchmarks scripts
+
+echo "== pytest (unit tests)"
+python -m pytest tests -q -p no:cacheprovider
+
+echo "== all checks passed in $(( $(date +%s) - start )) s"
