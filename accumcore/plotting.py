@@ -1,0 +1,242 @@
+"""Small, consistent plots for the book: every figure gets a title, labelled axes and a legend.
+
+Colours come from the Okabe-Ito palette (Okabe & Ito, 2008), which stays distinguishable for
+the common forms of colour blindness; heatmaps use matplotlib's ``cividis`` colour map, which is
+designed for the same purpose. Lines also differ by line style and marker, so overlapping curves
+(the point of several figures) stay visible in grey-scale print.
+
+Each function takes an existing ``matplotlib.axes.Axes`` or ``None`` (a new figure is created)
+and returns the ``Axes`` it drew on. Requires matplotlib (``pip install accumcore[plot]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.axes import Axes
+
+#: Okabe-Ito colours, ordered for contrast on white (blue, vermillion, bluish green, orange,
+#: sky blue, reddish purple, black, yellow).
+OKABE_ITO: tuple[str, ...] = (
+    "#0072B2",
+    "#D55E00",
+    "#009E73",
+    "#E69F00",
+    "#56B4E9",
+    "#CC79A7",
+    "#000000",
+    "#F0E442",
+)
+
+#: Colour map for heatmaps (perceptually uniform and colour-blind safe).
+HEATMAP_CMAP = "cividis"
+
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def color(i: int) -> str:
+    """The ``i``-th Okabe-Ito colour (cycling)."""
+    return OKABE_ITO[i % len(OKABE_ITO)]
+
+
+def _axes(ax: Axes | None, figsize: tuple[float, float] = (6.4, 4.0)) -> Axes:
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def _require_text(**texts: str) -> None:
+    for name, text in texts.items():
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(
+                f"`{name}` must be a non-empty string: every figure in the book has a title and "
+                f"labelled axes (with units), got {text!r}."
+            )
+
+
+def _label(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+
+
+def curves(
+    ax: Axes | None,
+    series: Mapping[str, Any],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    x: Sequence[float] | np.ndarray | None = None,
+    logx: bool = False,
+    logy: bool = False,
+    markers: bool = True,
+    legend_loc: str = "best",
+) -> Axes:
+    """Overlay several curves, one colour, line style and marker per series.
+
+    Args:
+        ax: the axes to draw on, or ``None`` for a new figure.
+        series: ``{label: y}`` (``y`` shape ``(n,)``, plotted against ``x``) or
+            ``{label: (x_i, y_i)}`` (each series with its own x values).
+        title, xlabel, ylabel: required texts; put units in the axis labels.
+        x: the shared x values (shape ``(n,)``) for series given as ``y`` only; defaults to
+            ``0 .. n-1``.
+        logx, logy: logarithmic axes.
+        markers: draw a marker at every point (off for long curves).
+        legend_loc: passed to ``ax.legend``.
+
+    Returns:
+        The axes. Series are drawn in order, so a later dashed series stays visible on top of
+        an earlier solid one that it coincides with.
+    """
+    _require_text(title=title, xlabel=xlabel, ylabel=ylabel)
+    if not series:
+        raise ValueError("`series` is empty: pass at least one {label: values} entry.")
+    ax = _axes(ax)
+    for i, (label, values) in enumerate(series.items()):
+        if isinstance(values, tuple) and len(values) == 2:
+            xs, ys = np.asarray(values[0], float), np.asarray(values[1], float)
+        else:
+            ys = np.asarray(values, float)
+            xs = np.arange(len(ys), dtype=float) if x is None else np.asarray(x, float)
+        if xs.shape != ys.shape:
+            raise ValueError(
+                f"Series {label!r}: x has shape {xs.shape} but y has shape {ys.shape}; they must "
+                "match (pass `x=` or give the series as (x, y))."
+            )
+        ax.plot(
+            xs, ys, label=str(label), color=color(i), linestyle=_LINESTYLES[i % 4],
+            marker=_MARKERS[i % len(_MARKERS)] if markers else None, markersize=4,
+            linewidth=1.8 if i == 0 else 1.4,
+        )
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    _label(ax, title, xlabel, ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc=legend_loc)
+    return ax
+
+
+def heatmap(
+    ax: Axes | None,
+    values: np.ndarray,
+    *,
+    row_labels: Sequence[Any],
+    col_labels: Sequence[Any],
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    colorbar_label: str,
+    fmt: str = "{:.3f}",
+    highlight: Sequence[tuple[int, int]] = (),
+    highlight_label: str = "best per column",
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> Axes:
+    """A 2-D grid of numbers as colours, each cell annotated with its value.
+
+    Args:
+        ax: the axes to draw on, or ``None`` for a new figure.
+        values: shape ``(len(row_labels), len(col_labels))``; NaN cells are drawn empty and
+            annotated "n/a" (e.g. a diverged run).
+        row_labels, col_labels: tick labels (rows run along y, columns along x).
+        title, xlabel, ylabel: required texts; put units in the axis labels.
+        colorbar_label: what the colour means, with units (the colour bar is the key).
+        fmt: format of the cell annotations.
+        highlight: ``(row, col)`` cells to outline (e.g. the best learning rate per batch size);
+            they get a legend entry named ``highlight_label``.
+        vmin, vmax: colour limits (default: data range).
+
+    Returns:
+        The axes.
+    """
+    _require_text(title=title, xlabel=xlabel, ylabel=ylabel, colorbar_label=colorbar_label)
+    values = np.asarray(values, float)
+    if values.shape != (len(row_labels), len(col_labels)):
+        raise ValueError(
+            f"`values` has shape {values.shape}, but row_labels x col_labels is "
+            f"({len(row_labels)}, {len(col_labels)}): one value per cell."
+        )
+    ax = _axes(ax, figsize=(1.0 + 0.9 * len(col_labels), 1.0 + 0.5 * len(row_labels)))
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=HEATMAP_CMAP, aspect="auto",
+                      origin="lower", vmin=vmin, vmax=vmax)
+    colorbar = ax.figure.colorbar(image, ax=ax)
+    colorbar.set_label(colorbar_label)
+    ax.set_xticks(range(len(col_labels)), [str(c) for c in col_labels])
+    ax.set_yticks(range(len(row_labels)), [str(r) for r in row_labels])
+    finite = values[np.isfinite(values)]
+    middle = (float(np.min(finite)) + float(np.max(finite))) / 2 if finite.size else 0.0
+    for r in range(values.shape[0]):
+        for c in range(values.shape[1]):
+            v = values[r, c]
+            text = "n/a" if not np.isfinite(v) else fmt.format(v)
+            # cividis is dark at the low end: white text there, black text on the light end.
+            ink = "black" if np.isfinite(v) and v > middle else "white"
+            if not np.isfinite(v):
+                ink = "black"
+            ax.text(c, r, text, ha="center", va="center", color=ink, fontsize=8)
+    for k, (r, c) in enumerate(highlight):
+        ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=color(1),
+                                   linewidth=2.5, label=highlight_label if k == 0 else None))
+    _label(ax, title, xlabel, ylabel)
+    if highlight:
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False)
+    return ax
+
+
+def bars(
+    ax: Axes | None,
+    groups: Mapping[str, Mapping[str, float]],
+    *,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    logy: bool = False,
+    reference_line: float | None = None,
+    reference_label: str = "reference",
+    rotate: int = 20,
+) -> Axes:
+    """Grouped bars: ``{group: {series: value}}``, one colour per series (hatched for contrast).
+
+    Args:
+        ax: the axes to draw on, or ``None`` for a new figure.
+        groups: e.g. ``{"loss not rescaled": {"broken": 3.0, "accumcore": 2e-6}, ...}``; every
+            group has the same series names (a missing one is drawn as no bar).
+        title, xlabel, ylabel: required texts; put units in the axis labels.
+        logy: logarithmic value axis (for errors spanning many decades).
+        reference_line: draw a horizontal dashed line at this value (e.g. a tolerance).
+        reference_label: its legend entry.
+        rotate: rotation of the group labels, degrees.
+
+    Returns:
+        The axes.
+    """
+    _require_text(title=title, xlabel=xlabel, ylabel=ylabel)
+    if not groups:
+        raise ValueError("`groups` is empty: pass at least one {group: {series: value}} entry.")
+    names = list(dict.fromkeys(s for g in groups.values() for s in g))
+    ax = _axes(ax, figsize=(max(6.4, 1.1 * len(groups) + 2), 4.0))
+    width = 0.8 / len(names)
+    positions = np.arange(len(groups))
+    hatches = ("", "//", "..", "xx", "\\\\", "oo")
+    for i, name in enumerate(names):
+        heights = [groups[g].get(name, np.nan) for g in groups]
+        ax.bar(positions + (i - (len(names) - 1) / 2) * width, heights, width, label=name,
+               color=color(i), hatch=hatches[i % len(hatches)], edgecolor="white")
+    if reference_line is not None:
+        ax.axhline(reference_line, color="black", linestyle="--", linewidth=1,
+                   label=reference_label)
+    ax.set_xticks(positions, list(groups), rotation=rotate, ha="right" if rotate else "center")
+    if logy:
+        ax.set_yscale("log")
+    _label(ax, title, xlabel, ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    return ax
