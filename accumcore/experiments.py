@@ -309,3 +309,300 @@ def train_compare(
         run.train_loss, run.test_loss, run.test_accuracy = arr[:, 1], arr[:, 2], arr[:, 3]
         runs[name] = run
     return runs
+
+
+class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear learning-rate warm-up (Goyal et al., 2017), then a constant rate.
+
+    ``lr(step) = peak * min(1, (step + 1) / warmup_steps)`` where ``step`` counts optimizer
+    updates (windows, with accumulation), starting at 0.
+
+    Args:
+        peak: the learning rate after warm-up (a float, or a scalar variable so that a sweep
+            can change it without retracing).
+        warmup_steps: number of updates over which the rate rises linearly (>= 1).
+    """
+
+    def __init__(self, peak: float, warmup_steps: int) -> None:
+        if warmup_steps < 1:
+            raise ValueError(f"`warmup_steps` must be >= 1 update, got {warmup_steps}.")
+        self.peak = peak
+        self.warmup_steps = int(warmup_steps)
+
+    def __call__(self, step):
+        fraction = (keras.ops.cast(step, "float32") + 1.0) / float(self.warmup_steps)
+        return self.peak * keras.ops.minimum(1.0, fraction)
+
+    def get_config(self) -> dict:
+        return {"peak": float(np.asarray(self.peak)), "warmup_steps": self.warmup_steps}
+
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def make_optimizer(name: str, learning_rate: Any) -> keras.optimizers.Optimizer:
+    """``"sgd"`` (plain SGD, no momentum) or ``"adam"`` (Keras defaults) at ``learning_rate``."""
+    if name == "sgd":
+        return keras.optimizers.SGD(learning_rate)
+    if name == "adam":
+        return keras.optimizers.Adam(learning_rate)
+    raise ValueError(f"Unknown optimizer {name!r}; expected one of {OPTIMIZERS}.")
+
+
+def scaled_learning_rate(base_lr: float, base_batch: int, batch: int, rule: str) -> float:
+    """The learning rate for batch ``batch`` from ``base_lr`` tuned at ``base_batch``.
+
+    ``rule="linear"``: ``base_lr * batch / base_batch`` (Goyal et al., 2017);
+    ``rule="sqrt"``: ``base_lr * sqrt(batch / base_batch)`` (Krizhevsky, 2014; Hoffer et al.,
+    2017); ``rule="constant"``: ``base_lr``.
+    """
+    ratio = batch / base_batch
+    if rule == "linear":
+        return base_lr * ratio
+    if rule == "sqrt":
+        return base_lr * float(np.sqrt(ratio))
+    if rule == "constant":
+        return base_lr
+    raise ValueError(f"Unknown scaling `rule`={rule!r}; expected 'linear', 'sqrt' or 'constant'.")
+
+
+def scaling_exponent(batch_sizes: Sequence[int], learning_rates: Sequence[float]) -> float:
+    """Least-squares slope of ``log lr`` against ``log B`` (1 = linear rule, 0.5 = sqrt rule)."""
+    b = np.log(np.asarray(batch_sizes, np.float64))
+    lr = np.log(np.asarray(learning_rates, np.float64))
+    if len(b) < 2 or np.ptp(b) == 0:
+        raise ValueError("Need at least two different batch sizes to fit a scaling exponent.")
+    return float(np.polyfit(b, lr, 1)[0])
+
+
+class _AccumRunner:
+    """One model + :class:`accumcore.AccumTrainer` reused across learning rates (one trace).
+
+    Between runs the weights are restored, every optimizer variable (iterations, slots) is
+    zeroed and the accumulation window emptied, so each run starts exactly like a fresh one;
+    only the learning rate changes (a variable: the traced epoch is reused).
+    """
+
+    def __init__(self, optimizer_name: str, micro_batch: int, accum_steps: int, *,
+                 warmup_steps: int, build_model: Callable[..., keras.Model], seed: int,
+                 mode: str = "graph") -> None:
+        from accumcore.loops import AccumTrainer
+
+        self.model = build_model(seed=seed)
+        self.initial = self.model.get_weights()
+        self.peak = keras.Variable(1.0, trainable=False, dtype="float32", name="peak_lr")
+        self.warmup_steps = warmup_steps
+        lr = LinearWarmup(self.peak, warmup_steps) if warmup_steps else 1.0
+        self.optimizer = make_optimizer(optimizer_name, lr)
+        self.micro_batch = micro_batch
+        self.mode = mode
+        self.trainer = AccumTrainer(self.model, self.optimizer,
+                                    "sparse_categorical_crossentropy", accum_steps=accum_steps)
+
+    def run(self, learning_rate: float, datasets: Sequence, x_val: np.ndarray,
+            y_val: np.ndarray) -> dict[str, Any]:
+        from accumcore.errors import NonFiniteGradientError
+
+        state = self.trainer.state
+        if state.built:
+            state.clear_nonfinite()
+            state.reset()
+            for v in self.optimizer.variables:
+                v.assign(keras.ops.zeros_like(v))
+            before = int(state.windows_applied.numpy())
+        else:
+            before = 0
+        self.model.set_weights(self.initial)
+        if self.warmup_steps:
+            self.peak.assign(learning_rate)
+        else:  # a float learning rate is a variable owned by the optimizer
+            self.optimizer.learning_rate = learning_rate
+        diverged = False
+        start = time.perf_counter()
+        for dataset in datasets:
+            try:
+                self.trainer.fit(dataset, epochs=1, mode=self.mode, verbose=0)
+            except NonFiniteGradientError:
+                diverged = True
+                break
+        seconds = time.perf_counter() - start
+        val_loss, val_acc = evaluate(self.model, x_val, y_val)
+        if diverged or not np.isfinite(val_loss):
+            diverged, val_loss, val_acc = True, float("nan"), float("nan")
+        return {"val_loss": val_loss, "val_accuracy": val_acc, "diverged": diverged,
+                "updates": int(state.windows_applied.numpy()) - before, "seconds": seconds}
+
+
+def epoch_datasets(x: np.ndarray, y: np.ndarray, micro_batch: int, epochs: int, seed: int = 0):
+    """One ``tf.data.Dataset`` of micro-batches per epoch, in :func:`epoch_orders` order.
+
+    The arrays are copied to a tensor once; each epoch's dataset gathers from it by index, so
+    many runs can share the datasets (and so the exact data order) without copying the data.
+    """
+    import tensorflow as tf
+
+    xs, ys = tf.constant(x), tf.constant(y)
+    return [
+        tf.data.Dataset.from_tensor_slices(order).batch(micro_batch)
+        .map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+        for order in epoch_orders(len(x), epochs, seed)
+    ]
+
+
+def train_accumulated(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    optimizer: str,
+    learning_rate: float,
+    micro_batch: int,
+    accum_steps: int,
+    epochs: int = 1,
+    warmup_steps: int = 0,
+    build_model: Callable[..., keras.Model] = mlp,
+    seed: int = 0,
+    mode: str = "graph",
+) -> dict[str, Any]:
+    """Train ``build_model(seed=seed)`` with :class:`accumcore.AccumTrainer` (whole-epoch graph).
+
+    Micro-batches of ``micro_batch`` samples, ``accum_steps`` per update (effective batch
+    ``micro_batch * accum_steps``), data order from :func:`epoch_orders` (identical for every
+    call with the same ``seed`` and data size). A non-finite gradient (divergence) stops the run.
+
+    Args:
+        optimizer: ``"sgd"`` or ``"adam"`` (see :func:`make_optimizer`).
+        learning_rate: the (peak) learning rate.
+        warmup_steps: linear warm-up over this many updates (0 = none), see
+            :class:`LinearWarmup`.
+        mode: the :meth:`accumcore.AccumTrainer.fit` mode; ``"graph"`` (one traced epoch) is
+            fastest for long runs, ``"function"`` traces faster for short ones.
+
+    Returns:
+        ``{"val_loss": nats, "val_accuracy": fraction, "diverged": bool, "updates": int,
+        "seconds": wall time of training}``; loss and accuracy are NaN when the run diverged.
+    """
+    runner = _AccumRunner(optimizer, micro_batch, accum_steps, warmup_steps=warmup_steps,
+                          build_model=build_model, seed=seed, mode=mode)
+    datasets = epoch_datasets(x_train, y_train, micro_batch, epochs, seed)
+    return runner.run(learning_rate, datasets, x_val, y_val)
+
+
+class SweepResult:
+    """A learning-rate x effective-batch grid of validation results (see :func:`lr_sweep`).
+
+    Attributes:
+        optimizer: ``"sgd"`` or ``"adam"``.
+        warmup_epochs: linear warm-up length in epochs (0 = none).
+        learning_rates: ``(n_lr,)`` the grid's (peak) learning rates.
+        batch_sizes: ``(n_b,)`` effective batch sizes B = K * b (samples per update).
+        accuracy: ``(n_lr, n_b)`` validation accuracy (fraction); NaN where the run diverged.
+        loss: ``(n_lr, n_b)`` validation loss (nats); NaN where the run diverged.
+        updates: ``(n_b,)`` optimizer updates per run for each batch size.
+        seconds: wall time of the whole sweep (seconds).
+    """
+
+    def __init__(self, optimizer: str, warmup_epochs: float, learning_rates: Sequence[float],
+                 batch_sizes: Sequence[int]) -> None:
+        self.optimizer = optimizer
+        self.warmup_epochs = warmup_epochs
+        self.learning_rates = np.asarray(learning_rates, np.float64)
+        self.batch_sizes = np.asarray(batch_sizes, np.int64)
+        shape = (len(self.learning_rates), len(self.batch_sizes))
+        self.accuracy = np.full(shape, np.nan)
+        self.loss = np.full(shape, np.nan)
+        self.updates = np.zeros(len(self.batch_sizes), np.int64)
+        self.seconds = 0.0
+
+    @property
+    def best_index(self) -> np.ndarray:
+        """``(n_b,)`` row index of the best validation accuracy per batch size (NaN = worst)."""
+        acc = np.where(np.isfinite(self.accuracy), self.accuracy, -np.inf)
+        return np.argmax(acc, axis=0)
+
+    @property
+    def best_lr(self) -> np.ndarray:
+        """``(n_b,)`` the learning rate with the best validation accuracy, per batch size."""
+        return self.learning_rates[self.best_index]
+
+    @property
+    def best_accuracy(self) -> np.ndarray:
+        """``(n_b,)`` the best validation accuracy per batch size (fraction)."""
+        return self.accuracy[self.best_index, np.arange(len(self.batch_sizes))]
+
+    @property
+    def diverged(self) -> np.ndarray:
+        """``(n_lr, n_b)`` True where the run diverged (non-finite gradient or loss)."""
+        return ~np.isfinite(self.accuracy)
+
+    def __repr__(self) -> str:
+        return (f"SweepResult({self.optimizer!r}, warmup_epochs={self.warmup_epochs}, "
+                f"lrs={self.learning_rates.tolist()}, batches={self.batch_sizes.tolist()})")
+
+
+def lr_sweep(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    *,
+    optimizer: str,
+    learning_rates: Sequence[float],
+    batch_sizes: Sequence[int],
+    micro_batch: int = 16,
+    epochs: int = 1,
+    warmup_epochs: float = 0.0,
+    build_model: Callable[..., keras.Model] = mlp,
+    seed: int = 0,
+    mode: str = "graph",
+    verbose: bool = False,
+) -> SweepResult:
+    """Validation accuracy over a learning-rate x effective-batch grid, by accumulation.
+
+    Every effective batch B is reached with micro-batches of ``micro_batch`` samples and
+    ``K = B / micro_batch`` accumulation steps (so memory use is that of batch b for every B).
+    All runs start from the same weights and see the same micro-batches in the same order, for
+    the same number of epochs (so a larger B makes fewer updates). One model and one traced
+    epoch per batch size are reused across the learning rates.
+
+    Args:
+        x_train, y_train: training inputs ``(n, ...)`` and integer labels ``(n,)``.
+        x_val, y_val: validation data.
+        optimizer: ``"sgd"`` or ``"adam"``.
+        learning_rates: the grid (peak learning rates when warming up).
+        batch_sizes: effective batch sizes; each a multiple of ``micro_batch``.
+        micro_batch: b, samples per micro-batch.
+        epochs: passes over the training data per run.
+        warmup_epochs: linear warm-up length in epochs (0 = none); ``round(warmup_epochs * n /
+            B)`` updates (at least 1) for batch size B.
+        build_model: ``build_model(seed=...)``, e.g. :func:`mlp`.
+        seed: weights and data-order seed.
+        mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
+        verbose: print one line per run.
+
+    Returns:
+        A :class:`SweepResult`.
+    """
+    for batch in batch_sizes:
+        if batch % micro_batch:
+            raise ValueError(
+                f"Every batch size must be a multiple of `micro_batch`={micro_batch} (B = K * b), "
+                f"got {batch}."
+            )
+    result = SweepResult(optimizer, warmup_epochs, learning_rates, batch_sizes)
+    datasets = epoch_datasets(x_train, y_train, micro_batch, epochs, seed)
+    start = time.perf_counter()
+    for j, batch in enumerate(batch_sizes):
+        warmup = max(1, round(warmup_epochs * len(x_train) / batch)) if warmup_epochs else 0
+        runner = _AccumRunner(optimizer, micro_batch, batch // micro_batch, warmup_steps=warmup,
+                              build_model=build_model, seed=seed, mode=mode)
+        for i, lr in enumerate(learning_rates):
+            out = runner.run(float(lr), datasets, x_val, y_val)
+            result.accuracy[i, j], result.loss[i, j] = out["val_accuracy"], out["val_loss"]
+            result.updates[j] = max(result.updates[j], out["updates"])
+            if verbose:
+                print(f"{optimizer} B={batch:5d} lr={lr:<8g} acc={out['val_accuracy']:.4f} "
+                      f"({out['updates']} updates, {out['seconds']:.1f} s)")
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,157 @@
+"""The book's experiment drivers (chapters 4 and 5) in accumcore.experiments, on synthetic data."""
+
+from __future__ import annotations
+
+import functools
+
+import keras
+import numpy as np
+import pytest
+
+from accumcore import experiments as ex
+
+# 4 x 16 accumulated and batch 64 differ only by float32 round-off (~1e-7 relative per update);
+# over a few updates the loss curves agree to ~1e-6 nats. 1e-4 leaves margin, and is still 100x
+# below the gap to batch 16 (a different algorithm) measured below.
+CURVE_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(320, 20)).astype("float32")
+    y = np.argmax(x @ rng.normal(size=(20, 10)), axis=1).astype("int64")
+    return x[:256], y[:256], x[256:], y[256:]
+
+
+BUILD = functools.partial(ex.mlp, 20, (16,))
+
+
+def test_evaluate_matches_keras_loss_and_accuracy(data):
+    x, y, _, _ = data
+    model = BUILD(seed=0)
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
+    loss, acc = ex.evaluate(model, x, y, batch_size=100)
+    keras_loss, keras_acc = model.evaluate(x, y, batch_size=256, verbose=0)
+    assert loss == pytest.approx(keras_loss, rel=1e-5)
+    assert acc == pytest.approx(keras_acc, abs=1e-6)
+    with pytest.raises(ValueError, match="empty"):
+        ex.evaluate(model, x[:0], y[:0])
+
+
+def test_epoch_orders_are_seeded_permutations():
+    a, b = ex.epoch_orders(10, 2, seed=3), ex.epoch_orders(10, 2, seed=3)
+    assert all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
+    assert sorted(a[0].tolist()) == list(range(10))
+    assert not np.array_equal(a[0], a[1])
+
+
+def test_max_curve_gap():
+    assert ex.max_curve_gap([1.0, 2.0, 3.0], [1.0, 2.5, 2.0]) == 1.0
+    with pytest.raises(ValueError, match="different points"):
+        ex.max_curve_gap([1.0], [1.0, 2.0])
+
+
+def test_train_compare_accumulation_tracks_the_large_batch_not_the_small_one(data):
+    runs = ex.train_compare(
+        *data, {"batch 64": (64, 1), "4 x 16": (16, 4), "batch 16": (16, 1)},
+        make_optimizer=lambda: keras.optimizers.SGD(0.1), build_model=BUILD, epochs=2,
+        eval_every=64, n_train_eval=128,
+    )
+    big, acc, small = runs["batch 64"], runs["4 x 16"], runs["batch 16"]
+    np.testing.assert_array_equal(big.samples, np.arange(0, 513, 64))
+    assert [r.updates for r in runs.values()] == [8, 8, 32]
+    assert acc.effective_batch == 64 and len(acc.epoch_seconds) == 2
+    for r in runs.values():  # identical initial weights
+        for w, w0 in zip(r.initial_weights, big.initial_weights, strict=True):
+            np.testing.assert_array_equal(w, w0)
+    for curve in ("train_loss", "test_loss"):
+        near = ex.max_curve_gap(getattr(big, curve), getattr(acc, curve))
+        far = ex.max_curve_gap(getattr(big, curve), getattr(small, curve))
+        assert near < CURVE_TOL
+        assert far > 100 * CURVE_TOL
+    assert ex.relative_error(acc.final_weights, big.final_weights, big.initial_weights) < 1e-4
+
+
+def test_train_compare_rejects_checkpoints_inside_windows(data):
+    with pytest.raises(ValueError, match="eval_every"):
+        ex.train_compare(*data, {"4 x 16": (16, 4)}, make_optimizer=lambda: "sgd",
+                         build_model=BUILD, eval_every=32)
+    with pytest.raises(ValueError, match="empty"):
+        ex.train_compare(*data, {}, make_optimizer=lambda: "sgd", build_model=BUILD)
+
+
+def test_linear_warmup_schedule():
+    schedule = ex.LinearWarmup(0.8, warmup_steps=4)
+    values = [float(schedule(step)) for step in range(6)]
+    assert values == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    peak = keras.Variable(1.0)
+    variable_schedule = ex.LinearWarmup(peak, 2)
+    peak.assign(3.0)
+    assert float(variable_schedule(0)) == pytest.approx(1.5)
+    assert variable_schedule.get_config() == {"peak": 3.0, "warmup_steps": 2}
+    with pytest.raises(ValueError, match="warmup_steps"):
+        ex.LinearWarmup(1.0, 0)
+
+
+def test_scaling_rules_and_exponent():
+    assert ex.scaled_learning_rate(0.1, 16, 64, "linear") == pytest.approx(0.4)
+    assert ex.scaled_learning_rate(0.1, 16, 64, "sqrt") == pytest.approx(0.2)
+    assert ex.scaled_learning_rate(0.1, 16, 64, "constant") == 0.1
+    with pytest.raises(ValueError, match="rule"):
+        ex.scaled_learning_rate(0.1, 16, 64, "cubic")
+    batches = [16, 64, 256]
+    assert ex.scaling_exponent(batches, [0.1 * b / 16 for b in batches]) == pytest.approx(1.0)
+    assert ex.scaling_exponent(batches, [0.1 * (b / 16) ** 0.5 for b in batches]) == (
+        pytest.approx(0.5))
+    with pytest.raises(ValueError, match="two different"):
+        ex.scaling_exponent([16, 16], [0.1, 0.2])
+
+
+def test_make_optimizer():
+    assert isinstance(ex.make_optimizer("sgd", 0.1), keras.optimizers.SGD)
+    assert isinstance(ex.make_optimizer("adam", 0.1), keras.optimizers.Adam)
+    with pytest.raises(ValueError, match="optimizer"):
+        ex.make_optimizer("rmsprop", 0.1)
+
+
+def test_train_accumulated_equals_large_batch_and_sweep_reuse_is_a_fresh_start(data):
+    x, y, xv, yv = data
+    kwargs = dict(optimizer="adam", learning_rate=0.01, epochs=2, build_model=BUILD,
+                  mode="function")
+    accumulated = ex.train_accumulated(x, y, xv, yv, micro_batch=16, accum_steps=4, **kwargs)
+    large = ex.train_accumulated(x, y, xv, yv, micro_batch=64, accum_steps=1, **kwargs)
+    assert accumulated["updates"] == large["updates"] == 8
+    assert accumulated["val_loss"] == pytest.approx(large["val_loss"], abs=CURVE_TOL)
+    # The sweep reuses one model/trainer per batch size: a run after another learning rate
+    # must give exactly what a fresh run gives.
+    sweep = ex.lr_sweep(x, y, xv, yv, optimizer="adam", learning_rates=[0.1, 0.01],
+                        batch_sizes=[64], epochs=2, build_model=BUILD, mode="function")
+    assert sweep.loss[1, 0] == pytest.approx(accumulated["val_loss"], abs=CURVE_TOL)
+
+
+def test_lr_sweep_grid_best_lr_and_divergence(data):
+    x, y, xv, yv = data
+    # mode="graph" (the default, used by the book's full runs): one traced epoch per batch size.
+    sweep = ex.lr_sweep(x, y, xv, yv, optimizer="sgd", learning_rates=[0.01, 0.3, 1e6],
+                        batch_sizes=[16, 64], epochs=1, build_model=BUILD)
+    assert sweep.accuracy.shape == (3, 2)
+    assert sweep.updates.tolist() == [16, 4]
+    assert sweep.diverged[2].all() and not sweep.diverged[:2].any()  # lr 1e6 blows up
+    assert np.all((sweep.accuracy[:2] >= 0) & (sweep.accuracy[:2] <= 1))
+    best = np.nanargmax(sweep.accuracy, axis=0)
+    np.testing.assert_array_equal(sweep.best_index, best)
+    np.testing.assert_array_equal(sweep.best_lr, np.array([0.01, 0.3, 1e6])[best])
+    np.testing.assert_array_equal(sweep.best_accuracy, np.nanmax(sweep.accuracy, axis=0))
+    with pytest.raises(ValueError, match="multiple of `micro_batch`"):
+        ex.lr_sweep(x, y, xv, yv, optimizer="sgd", learning_rates=[0.1], batch_sizes=[24])
+
+
+def test_lr_sweep_with_warmup_takes_smaller_first_steps(data):
+    x, y, xv, yv = data
+    kwargs = dict(optimizer="sgd", learning_rates=[0.5], batch_sizes=[64], epochs=1,
+                  build_model=BUILD, mode="function")
+    plain = ex.lr_sweep(x, y, xv, yv, **kwargs)
+    warm = ex.lr_sweep(x, y, xv, yv, warmup_epochs=1.0, **kwargs)
+    assert warm.warmup_epochs == 1.0
+    assert abs(warm.loss[0, 0] - plain.loss[0, 0]) > 1e-3  # warm-up changed the run
