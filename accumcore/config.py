@@ -123,3 +123,37 @@ def check_optimizer(optimizer: Any) -> None:
                 "accumcore does the accumulation: create the optimizer without "
                 "`gradient_accumulation_steps` and pass `accum_steps` to accumcore instead."
             )
+
+
+def warn_if_float16_without_loss_scaling(model: Any, optimizer: Any) -> bool:
+    """Warn (``UserWarning``) if ``model`` computes in float16 without loss scaling.
+
+    float16 flushes magnitudes below ~6e-8 to zero, so small gradients underflow unless the
+    loss is scaled up first (``keras.optimizers.LossScaleOptimizer``; ``compile`` wraps the
+    optimizer automatically only for the ``"mixed_float16"`` policy). bfloat16 has float32's
+    range and needs no scaling.
+
+    Returns:
+        Whether it warned.
+    """
+    import warnings
+
+    import keras
+
+    if optimizer is None or isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return False
+    policies = [getattr(model, "dtype_policy", None)]
+    policies += [getattr(layer, "dtype_policy", None) for layer in getattr(model, "layers", [])]
+    names = {getattr(p, "name", str(p)) for p in policies
+             if getattr(p, "compute_dtype", None) == "float16"}
+    if not names:
+        return False
+    warnings.warn(
+        f"The model computes in float16 (dtype policy {', '.join(sorted(names))}) but "
+        f"`optimizer` ({type(optimizer).__name__}) does not scale the loss: small gradients "
+        "may underflow to zero in float16. Wrap it as "
+        "`keras.optimizers.LossScaleOptimizer(optimizer)`, or use the 'mixed_bfloat16' policy.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True

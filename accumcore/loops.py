@@ -28,6 +28,7 @@ from accumcore.config import (
     check_normalizer,
     check_optimizer,
     resolve_accum_steps,
+    warn_if_float16_without_loss_scaling,
 )
 from accumcore.core import as_loss_fn, first_leaf, summed_loss_gradients
 from accumcore.state import AccumulationState
@@ -113,6 +114,7 @@ class AccumTrainer:
         self.normalizer = check_normalizer(normalizer)
         self.jit_compile = bool(jit_compile)
         self.state = AccumulationState(k, nonfinite=nonfinite)
+        warn_if_float16_without_loss_scaling(model, optimizer)
         self._micro_fn = None
         self._epoch_fn = None
         self._window_fn = None
@@ -143,7 +145,7 @@ class AccumTrainer:
     def _loss_of(self, x, y, y_pred, sample_weight):
         if y is None:
             raise ValueError(
-                "The dataset yields no labels (y), but the loss needs them: make it yield "
+                "`dataset` yields no labels (y), but the loss needs them: make it yield "
                 "`(x, y)` or `(x, y, sample_weight)` tuples."
             )
         loss = self.loss(y, y_pred, sample_weight)

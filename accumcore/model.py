@@ -27,6 +27,7 @@ from accumcore.config import (
     check_choice,
     check_normalizer,
     check_optimizer,
+    warn_if_float16_without_loss_scaling,
 )
 from accumcore.core import summed_loss_gradients
 from accumcore.state import AccumulationState
@@ -44,11 +45,14 @@ class WindowFlushCallback(keras.callbacks.Callback):
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
+        self._batches: int | None = None  # training batches seen in the current epoch
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
+        self._batches = 0
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self._batches = (self._batches or 0) + 1
         self.model.accumulation.raise_if_nonfinite(self._epoch)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
@@ -57,6 +61,12 @@ class WindowFlushCallback(keras.callbacks.Callback):
             self.model.flush_window()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._batches == 0:
+            raise ValueError(
+                f"The training data (`x`) yielded no batches in epoch {epoch}: it is empty (or "
+                "a dataset exhausted by `steps_per_epoch`). Pass non-empty data, or `.repeat()` "
+                "the dataset when giving `steps_per_epoch`."
+            )
         self.model.end_window_of_epoch(epoch)
 
 
@@ -158,6 +168,7 @@ class AccumModel(keras.Model):
             )
         if self.optimizer is not None:
             check_optimizer(self.optimizer)
+            warn_if_float16_without_loss_scaling(self, self.optimizer)
         with self.distribute_strategy.scope():
             self.accumulation.build(self.trainable_variables)
 
@@ -177,6 +188,12 @@ class AccumModel(keras.Model):
 
     # ------------------------------------------------------------------ training
     def _loss_of(self, x, y, y_pred, sample_weight):
+        if y is None and self.loss is not None:
+            raise ValueError(
+                "`fit` got no labels (`y` is None) but the compiled loss needs them: pass `y` "
+                "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
+                "sample_weight)` tuples."
+            )
         return self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
                                  training=True)
 

@@ -56,8 +56,10 @@ class AccumulationState(tf.Module):
         window_samples: int64, samples in the current window.
         Counters (int64, over the whole run): ``windows_applied``, ``windows_skipped``,
         ``micro_batches_seen``, ``micro_batches_skipped``, ``samples_seen`` (samples counted
-        into windows, applied or pending), ``samples_dropped`` (by the ``"drop"`` end-of-epoch
-        policy or a skipped window).
+        into windows, applied or pending, plus skipped non-finite micro-batches),
+        ``samples_dropped`` (by the ``"drop"`` end-of-epoch policy, a skipped window or a
+        skipped micro-batch). Samples that reached an update: ``samples_seen - samples_dropped
+        - window_samples``.
     """
 
     def __init__(
@@ -231,6 +233,10 @@ class AccumulationState(tf.Module):
 
         def skip() -> tf.Tensor:
             self.micro_batches_skipped.assign_add(1)
+            # Its samples were seen but reach no update: count them as seen and dropped, so
+            # that samples_seen always sums to (dataset size x epochs).
+            self.samples_seen.assign_add(samples)
+            self.samples_dropped.assign_add(samples)
             if self.nonfinite == "skip_window":
                 self.window_poisoned.assign(1)
             return tf.constant(False)
