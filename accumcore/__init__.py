@@ -34,6 +34,7 @@ def _check_tensorflow() -> None:
 
 _check_tensorflow()
 
+from accumcore.batchnorm import WindowBatchNormalization, convert_batchnorm  # noqa: E402
 from accumcore.config import resolve_accum_steps  # noqa: E402
 from accumcore.data import MNIST, load_mnist  # noqa: E402
 from accumcore.errors import NonFiniteGradientError  # noqa: E402
@@ -48,7 +49,9 @@ __all__ = [
     "AccumulationState",
     "LoopHistory",
     "NonFiniteGradientError",
+    "WindowBatchNormalization",
     "WindowFlushCallback",
+    "convert_batchnorm",
     "load_mnist",
     "resolve_accum_steps",
 ]

@@ -10,6 +10,7 @@ i.e. the largest weight difference measured in units of the largest reference up
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,17 +73,39 @@ def conv_net(
     filters: Sequence[int] = (32, 64),
     seed: int = 0,
     batch_norm: bool = False,
+    norm: str | None = None,
     model_cls: Callable[..., keras.Model] = keras.Model,
     **model_kwargs: Any,
 ) -> keras.Model:
-    """A small MNIST conv net (conv-pool blocks, then dense), identical weights per seed."""
+    """A small MNIST conv net (conv-pool blocks, then dense), identical weights per seed.
+
+    ``norm`` picks the normalisation after each convolution: ``None`` (none, or stock BN if
+    ``batch_norm=True``), ``"batch"`` (``keras.layers.BatchNormalization``), ``"window_batch"``
+    (:class:`accumcore.WindowBatchNormalization`), ``"group"`` (``GroupNormalization`` with
+    up to 8 groups) or ``"layer"`` (``LayerNormalization``); the last two do not depend on the
+    batch at all.
+    """
+    from accumcore.batchnorm import WindowBatchNormalization
+
+    layers = {
+        "batch": lambda f: keras.layers.BatchNormalization(),
+        "window_batch": lambda f: WindowBatchNormalization(),
+        "group": lambda f: keras.layers.GroupNormalization(groups=math.gcd(8, f)),
+        "layer": lambda f: keras.layers.LayerNormalization(),
+    }
+    if norm is None and batch_norm:
+        norm = "batch"
+    if norm is not None and norm not in layers:
+        raise ValueError(
+            f"Unknown `norm`={norm!r}; expected None or one of {', '.join(map(repr, layers))}."
+        )
     keras.utils.set_random_seed(seed)
     inputs = keras.Input(input_shape)
     h = inputs
     for f in filters:
-        h = keras.layers.Conv2D(f, 3, padding="same", use_bias=not batch_norm)(h)
-        if batch_norm:
-            h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.Conv2D(f, 3, padding="same", use_bias=norm is None)(h)
+        if norm is not None:
+            h = layers[norm](f)(h)
         h = keras.layers.Activation("relu")(h)
         h = keras.layers.MaxPooling2D()(h)
     h = keras.layers.Flatten()(h)

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
     check_choice,
@@ -141,6 +142,7 @@ class AccumTrainer:
         if not self.optimizer.built:
             self.optimizer.build(variables)
         self.state.build(variables)
+        attach_window_layers(self.model, self.state)  # window-level BN: one update per window
 
     def _loss_of(self, x, y, y_pred, sample_weight):
         if y is None:

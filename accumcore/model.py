@@ -20,6 +20,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
     NONFINITE_POLICIES,
@@ -171,6 +172,7 @@ class AccumModel(keras.Model):
             warn_if_float16_without_loss_scaling(self, self.optimizer)
         with self.distribute_strategy.scope():
             self.accumulation.build(self.trainable_variables)
+        attach_window_layers(self, self.accumulation)  # window-level BN: one update per window
 
     def make_train_function(self, force: bool = False):
         self.build_accumulation()

@@ -1,0 +1,489 @@
+"""Window-level BatchNormalization: moving statistics updated once per accumulation window.
+
+Stock ``keras.layers.BatchNormalization`` updates its moving mean and variance on every call in
+training mode. Under gradient accumulation that means K updates per optimizer step, each from
+one micro-batch of b samples, instead of one update from the large batch of B = K * b samples:
+the moving statistics drift from what large-batch training would give (momentum applied K
+times, micro-batch variances noisier).
+
+:class:`WindowBatchNormalization` is a drop-in replacement (same arguments, same weights, same
+``get_config``) that, while it is attached to an :class:`~accumcore.AccumulationState`,
+
+* normalises each micro-batch with that micro-batch's moments (exactly as stock BN does; the
+  *training-mode* normalisation still sees b samples, not B: that gap is inherent to
+  micro-batching and is measured in the tests and the pitfalls chapter);
+* pools the micro-batch moments of the window exactly (count, mean and sum of squared
+  deviations ``M2``, combined with Chan et al.'s parallel update in float32);
+* updates ``moving_mean`` / ``moving_variance`` **once** when the window closes (the state's
+  ``window_hooks``), with Keras's momentum and its biased (population) variance::
+
+      moving_mean     <- moving_mean * momentum + mean_window * (1 - momentum)
+      moving_variance <- moving_variance * momentum + var_window * (1 - momentum)
+
+  where ``var_window = M2 / count``. Because the weights do not change inside a window, the
+  window moments of a BN layer whose input does not pass through another batch-normalised layer
+  are those of the large batch, so its moving statistics equal stock BN's after one large
+  batch, to float round-off. Deeper BN layers see inputs normalised with micro-batch moments
+  and inherit that (measured) gap.
+
+When it is not attached (a plain ``keras.Model``, ``predict``/``evaluate``, ``training=False``)
+it behaves exactly like stock BatchNormalization. ``AccumModel`` and ``AccumTrainer`` attach
+every such layer of their model automatically (:func:`attach_window_layers`).
+
+Under ``tf.distribute`` the window moments are replica-local (``ON_READ`` variables); at window
+close they are pooled across replicas (an all-reduce in replica context, or a combination of
+the per-replica components in cross-replica context), so every replica applies the same
+update computed from all replicas' samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    "WindowBatchNormalization",
+    "attach_window_layers",
+    "convert_batchnorm",
+    "moving_statistics",
+    "statistics_gap",
+    "window_layers",
+]
+
+# Keys under which the pending window's moments are saved next to the layer's 4 weights.
+_STORE_KEYS = ("window_count", "window_mean", "window_m2")
+
+
+def _chan_combine(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
+    """Exact pooled (count, mean, M2) of two sample sets (Chan, Golub & LeVeque 1979).
+
+    Numerically safe in float32 (no sum of squares): ``M2 = M2_a + M2_b + d^2 n_a n_b / n``
+    with ``d = mean_b - mean_a``. Counts are scalars; means and M2 have shape ``(channels,)``.
+    """
+    n = n_a + n_b
+    frac_b = tf.math.divide_no_nan(n_b, n)
+    delta = mean_b - mean_a
+    mean = mean_a + delta * frac_b
+    m2 = m2_a + m2_b + tf.square(delta) * n_a * frac_b
+    return n, mean, m2
+
+
+@keras.saving.register_keras_serializable(package="accumcore")
+class WindowBatchNormalization(keras.layers.BatchNormalization):
+    """``keras.layers.BatchNormalization`` whose moving statistics advance once per window.
+
+    Takes exactly the arguments of ``keras.layers.BatchNormalization`` (``renorm=True`` is not
+    supported: its renorm statistics would need the same treatment; use stock BN for it) and
+    has exactly its weights (``gamma``, ``beta``, ``moving_mean``, ``moving_variance``), so
+    ``set_weights`` / ``get_weights`` are interchangeable with stock BN.
+
+    Extra state (not in ``weights``; saved by ``model.save`` and tracked by
+    ``tf.train.Checkpoint``): the pending window's pooled moments, float32:
+
+    * ``window_count``: scalar, number of values per channel pooled so far (samples times the
+      spatial positions, e.g. ``b * H * W`` per micro-batch for NHWC input);
+    * ``window_mean``: shape ``(channels,)``, their mean;
+    * ``window_m2``: shape ``(channels,)``, their sum of squared deviations from that mean.
+
+    Behaviour:
+        * not attached, or ``training`` falsy, or ``trainable=False``: stock BatchNormalization;
+        * attached and training: normalises with the micro-batch moments (as stock BN does),
+          pools them into the window state and leaves the moving statistics alone until
+          :meth:`close_window` runs (registered in the state's ``window_hooks``).
+
+    A micro-batch whose moments are not finite (NaN/Inf activations) is left out of the window
+    moments, so one bad micro-batch cannot poison the moving statistics.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.renorm:
+            raise ValueError(
+                "WindowBatchNormalization does not support `renorm=True` (batch "
+                "renormalisation keeps its own per-step statistics). Use "
+                "keras.layers.BatchNormalization(renorm=True), or pass renorm=False."
+            )
+        self._attached_states = 0
+        self._window_count = None
+        self._window_mean = None
+        self._window_m2 = None
+        self._window_strategy = None
+        self._window_axes: list[int] = []
+
+    # ------------------------------------------------------------------ building
+    def build(self, input_shape) -> None:
+        super().build(input_shape)
+        rank = len(input_shape)
+        axis = self.axis % rank
+        self._window_axes = [i for i in range(rank) if i != axis]
+        channels = int(input_shape[self.axis])
+        distributed = tf.distribute.has_strategy()
+        kwargs = (
+            dict(
+                synchronization=tf.VariableSynchronization.ON_READ,
+                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA,
+            )
+            if distributed
+            else {}
+        )
+        self._window_strategy = tf.distribute.get_strategy() if distributed else None
+        with tf.init_scope():
+            self._window_count = tf.Variable(
+                0.0, trainable=False, name=f"{self.name}_window_count", **kwargs
+            )
+            self._window_mean = tf.Variable(
+                tf.zeros((channels,)), trainable=False, name=f"{self.name}_window_mean", **kwargs
+            )
+            self._window_m2 = tf.Variable(
+                tf.zeros((channels,)), trainable=False, name=f"{self.name}_window_m2", **kwargs
+            )
+
+    # ------------------------------------------------------------------ attaching
+    @property
+    def attached(self) -> bool:
+        """Whether an accumulation state drives this layer's moving statistics."""
+        return self._attached_states > 0
+
+    def attach(self, state) -> None:
+        """Register :meth:`close_window` in ``state.window_hooks`` (idempotent).
+
+        Args:
+            state: an :class:`~accumcore.AccumulationState` (anything with a ``window_hooks``
+                list of callables ``hook(applied: bool)``).
+        """
+        hooks = getattr(state, "window_hooks", None)
+        if hooks is None:
+            raise TypeError(
+                f"`state` must be an accumcore.AccumulationState (with `window_hooks`), got "
+                f"{type(state).__name__}."
+            )
+        if self.close_window not in hooks:
+            hooks.append(self.close_window)
+            self._attached_states += 1
+
+    def detach(self, state) -> None:
+        """Undo :meth:`attach` (the layer behaves like stock BN again once fully detached)."""
+        hooks = getattr(state, "window_hooks", [])
+        if self.close_window in hooks:
+            hooks.remove(self.close_window)
+            self._attached_states = max(0, self._attached_states - 1)
+
+    # ------------------------------------------------------------------ moments
+    def _normalisation_moments(self, inputs, mask):
+        """The moments stock BN normalises with (global ones if ``synchronized``)."""
+        if mask is None:
+            return keras.ops.moments(inputs, axes=self._window_axes, synchronized=self.synchronized)
+        return self._masked_moments(inputs, mask, keras.config.epsilon())
+
+    def _masked_moments(self, inputs, mask, eps: float):
+        """Mean and biased variance over unmasked positions (Keras's formula; ``eps`` guards
+        an all-masked batch), each of shape ``(channels,)``."""
+        m = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
+        weight = tf.reduce_sum(m, self._window_axes)
+        mean = tf.reduce_sum(inputs * m, self._window_axes) / (weight + eps)
+        diff = (inputs - tf.reshape(mean, self._broadcast_shape(inputs))) * m
+        var = tf.reduce_sum(tf.square(diff), self._window_axes) / (weight + eps)
+        return mean, var
+
+    def _broadcast_shape(self, inputs) -> list[int]:
+        rank = len(inputs.shape)
+        return [-1 if i == self.axis % rank else 1 for i in range(rank)]
+
+    def _local_moments(self, inputs, mask, mean, variance):
+        """This replica's micro-batch count (scalar) and exact moments for the window pool."""
+        if mask is not None:
+            count = tf.reduce_sum(tf.cast(mask, tf.float32))
+            local_mean, local_var = self._masked_moments(inputs, mask, 0.0)
+            return count, local_mean, local_var
+        shape = tf.shape(inputs)
+        count = tf.cast(tf.reduce_prod(tf.gather(shape, self._window_axes)), tf.float32)
+        if self.synchronized:  # `mean`, `variance` are global; the pool needs local ones
+            local_mean, local_var = tf.nn.moments(inputs, self._window_axes)
+            return count, local_mean, local_var
+        return count, mean, variance
+
+    def _accumulate(self, count, mean, variance) -> None:
+        """Pool one micro-batch's moments into the window (skipped if they are not finite)."""
+        mean = tf.stop_gradient(tf.cast(mean, tf.float32))
+        variance = tf.stop_gradient(tf.cast(variance, tf.float32))
+        n_a = self._window_count.read_value()
+        mean_a = self._window_mean.read_value()
+        m2_a = self._window_m2.read_value()
+        n, new_mean, new_m2 = _chan_combine(n_a, mean_a, m2_a, count, mean, variance * count)
+        finite = tf.logical_and(
+            tf.reduce_all(tf.math.is_finite(mean)), tf.reduce_all(tf.math.is_finite(variance))
+        )
+        self._window_count.assign(tf.where(finite, n, n_a))
+        self._window_mean.assign(tf.where(finite, new_mean, mean_a))
+        self._window_m2.assign(tf.where(finite, new_m2, m2_a))
+
+    # ------------------------------------------------------------------ call
+    def call(self, inputs, training=None, mask=None):
+        if not (training and self.trainable and self.attached):
+            return super().call(inputs, training=training, mask=mask)
+        if mask is not None and len(mask.shape) != len(inputs.shape) - 1:
+            raise ValueError(
+                "The mask provided should be one dimension less than the inputs. Received: "
+                f"mask.shape={mask.shape}, inputs.shape={inputs.shape}"
+            )
+        # As stock BN: statistics in (at least) float32, output in the compute dtype.
+        compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
+        inputs = keras.ops.cast(inputs, compute_dtype)
+        mean, variance = self._normalisation_moments(inputs, mask)
+        count, local_mean, local_var = self._local_moments(inputs, mask, mean, variance)
+        self._accumulate(count, local_mean, local_var)
+        gamma = keras.ops.cast(self.gamma, inputs.dtype) if self.scale else None
+        beta = keras.ops.cast(self.beta, inputs.dtype) if self.center else None
+        outputs = keras.ops.batch_normalization(
+            x=inputs, mean=mean, variance=variance, axis=self.axis, offset=beta, scale=gamma,
+            epsilon=self.epsilon,
+        )
+        return keras.ops.cast(outputs, self.compute_dtype)
+
+    # ------------------------------------------------------------------ window close
+    def _components(self) -> list[tuple[tf.Variable, tf.Variable, tf.Variable]]:
+        """Per-replica (count, mean, M2) variables (one triple without a strategy)."""
+        variables = (self._window_count, self._window_mean, self._window_m2)
+        if self._window_strategy is None:
+            return [variables]
+        parts = [self._window_strategy.experimental_local_results(v) for v in variables]
+        return list(zip(*parts, strict=True))
+
+    def _in_replica_context(self) -> bool:
+        """True without a strategy, or inside ``strategy.run`` (variables read locally)."""
+        if self._window_strategy is None:
+            return True
+        return tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph needed
+    def window_moments(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """The pending window's pooled ``(count, mean, M2)`` over all replicas.
+
+        In a replica context (inside ``strategy.run``, or no strategy) the replica-local
+        moments are combined with two all-reduces (count and count-weighted mean, then the M2
+        about the global mean: exact, no sum of squares); in a cross-replica context the
+        per-replica components are combined directly. Shapes: ``()``, ``(C,)``, ``(C,)``.
+        """
+        self._check_built()
+        if self._in_replica_context():
+            ctx = tf.distribute.get_replica_context()
+            n = self._window_count.read_value()
+            mean = self._window_mean.read_value()
+            m2 = self._window_m2.read_value()
+            if ctx.num_replicas_in_sync == 1:
+                return n, mean, m2
+            total, weighted = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [n, n * mean])
+            pooled = tf.math.divide_no_nan(weighted, total)
+            spread = m2 + n * tf.square(mean - pooled)
+            return total, pooled, ctx.all_reduce(tf.distribute.ReduceOp.SUM, spread)
+        n = tf.zeros(())
+        mean = tf.zeros(self._window_mean.shape)
+        m2 = tf.zeros(self._window_m2.shape)
+        for count_v, mean_v, m2_v in self._components():
+            n, mean, m2 = _chan_combine(
+                n, mean, m2, count_v.read_value(), mean_v.read_value(), m2_v.read_value()
+            )
+        return n, mean, m2
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph needed
+    def close_window(self, applied: bool = True) -> None:
+        """Window hook: fold the pooled window moments into the moving statistics, once.
+
+        Args:
+            applied: Python bool. ``True`` (an optimizer update was applied): update
+                ``moving_mean`` / ``moving_variance`` with Keras's momentum rule from the
+                window's mean and biased variance, if the window holds any values. ``False``
+                (the window was skipped or dropped): discard the window's moments, as the
+                update they belong to never happened.
+
+        Graph-safe (runs inside the state's ``tf.cond`` branch); also callable eagerly.
+        """
+        if not self.built:
+            return
+        if applied:
+            n, mean, m2 = self.window_moments()
+            has_data = n > 0
+            variance = tf.math.divide_no_nan(m2, n)
+            moving_mean = tf.cast(self.moving_mean, tf.float32)
+            moving_variance = tf.cast(self.moving_variance, tf.float32)
+            # The same expressions as keras.layers.BatchNormalization.call.
+            new_mean = moving_mean * self.momentum + mean * (1.0 - self.momentum)
+            new_variance = moving_variance * self.momentum + variance * (1.0 - self.momentum)
+            self.moving_mean.assign(
+                tf.cast(tf.where(has_data, new_mean, moving_mean), self.moving_mean.dtype)
+            )
+            self.moving_variance.assign(
+                tf.cast(
+                    tf.where(has_data, new_variance, moving_variance), self.moving_variance.dtype
+                )
+            )
+        self.reset_window()
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph needed
+    def reset_window(self) -> None:
+        """Empty the pending window's moments (on every replica)."""
+        if not self.built:
+            return
+        targets = self._components()
+        if self._in_replica_context():  # each replica empties its own part
+            targets = [(self._window_count, self._window_mean, self._window_m2)]
+        for count_v, mean_v, m2_v in targets:
+            count_v.assign(tf.zeros_like(count_v))
+            mean_v.assign(tf.zeros_like(mean_v))
+            m2_v.assign(tf.zeros_like(m2_v))
+
+    def _check_built(self) -> None:
+        if not self.built:
+            raise ValueError(
+                f"Layer {self.name!r} is not built yet: call the model on data (or build it "
+                "with an input shape) before reading its window moments."
+            )
+
+    # ------------------------------------------------------------------ saving
+    def save_own_variables(self, store) -> None:
+        super().save_own_variables(store)
+        if not self.built:
+            return
+        n, mean, m2 = self.window_moments()  # pooled over replicas: exact mid-window saves
+        for key, value in zip(_STORE_KEYS, (n, mean, m2), strict=True):
+            store[key] = value.numpy()
+
+    def load_own_variables(self, store) -> None:
+        keys = [str(k) for k in store.keys()]
+        super().load_own_variables({k: store[k] for k in keys if k not in _STORE_KEYS})
+        if not all(k in keys for k in _STORE_KEYS):
+            return  # saved from stock BatchNormalization, or before any window state
+        self.reset_window()
+        count_v, mean_v, m2_v = self._components()[0]
+        count_v.assign(store["window_count"])
+        mean_v.assign(store["window_mean"])
+        m2_v.assign(store["window_m2"])
+
+
+# ---------------------------------------------------------------------- model helpers
+def _walk(layer: Any, seen: set[int]) -> Iterator[Any]:
+    if id(layer) in seen:
+        return
+    seen.add(id(layer))
+    yield layer
+    for child in getattr(layer, "layers", None) or []:
+        yield from _walk(child, seen)
+    inner = getattr(layer, "layer", None)  # wrappers: TimeDistributed, Bidirectional, ...
+    if isinstance(inner, keras.layers.Layer):
+        yield from _walk(inner, seen)
+
+
+def window_layers(model: keras.layers.Layer) -> list[WindowBatchNormalization]:
+    """Every :class:`WindowBatchNormalization` in ``model``, nested models included.
+
+    Walks the public ``layers`` attribute recursively (and ``layer`` of wrappers), in order.
+    """
+    return [layer for layer in _walk(model, set()) if isinstance(layer, WindowBatchNormalization)]
+
+
+def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
+    """Moving statistics of every BatchNormalization layer (stock or window-level), in order.
+
+    Returns:
+        ``[mean_0, variance_0, mean_1, variance_1, ...]`` as float64 arrays of shape
+        ``(channels,)``, in the order of :func:`window_layers`'s walk (layer names are not used,
+        so two separately built models of the same architecture compare position by position).
+    """
+    stats = []
+    for layer in _walk(model, set()):
+        if isinstance(layer, keras.layers.BatchNormalization) and layer.built:
+            stats.append(np.asarray(layer.moving_mean.numpy(), np.float64))
+            stats.append(np.asarray(layer.moving_variance.numpy(), np.float64))
+    return stats
+
+
+def statistics_gap(
+    stats: list[np.ndarray], reference: list[np.ndarray], initial: list[np.ndarray]
+) -> float:
+    """``max|s - s_ref| / max|s_ref - s_init|`` over moving statistics (dimensionless).
+
+    The statistics counterpart of :func:`accumcore.experiments.relative_error`: 0 means the
+    moving statistics equal the reference's; 1 means an error as large as the reference's whole
+    change since ``initial``. Arguments are lists from :func:`moving_statistics`.
+    """
+    if not (len(stats) == len(reference) == len(initial)) or not stats:
+        raise ValueError(
+            f"Got {len(stats)}, {len(reference)} and {len(initial)} statistics arrays: pass "
+            "`moving_statistics(...)` of models with the same BatchNormalization layers."
+        )
+    num = max(float(np.max(np.abs(s - r))) for s, r in zip(stats, reference, strict=True))
+    den = max(float(np.max(np.abs(r - i))) for r, i in zip(reference, initial, strict=True))
+    if den == 0.0:
+        raise ValueError("The reference statistics did not move from `initial`: no update.")
+    return num / den
+
+
+def attach_window_layers(model: keras.layers.Layer, state) -> int:
+    """Attach every :class:`WindowBatchNormalization` of ``model`` to ``state`` (idempotent).
+
+    ``AccumModel.build_accumulation`` and ``AccumTrainer.build`` call this; call it yourself
+    only for a hand-written loop around :class:`~accumcore.AccumulationState`.
+
+    Returns:
+        The number of window-level BN layers found.
+    """
+    layers = window_layers(model)
+    for layer in layers:
+        layer.attach(state)
+    return len(layers)
+
+
+def convert_batchnorm(model: keras.Model) -> keras.Model:
+    """A clone of ``model`` with every ``keras.layers.BatchNormalization`` made window-level.
+
+    Every layer whose type is exactly ``keras.layers.BatchNormalization`` becomes a
+    :class:`WindowBatchNormalization` with the same config (nested Functional / Sequential
+    models included); all weights are copied, so inference outputs are unchanged. An
+    ``AccumModel`` stays an ``AccumModel`` with the same accumulation settings (the pending
+    window of the original, if any, is not copied); a compiled model is re-compiled from its
+    compile config (fresh optimizer state).
+
+    Args:
+        model: a built Functional or Sequential ``keras.Model`` (subclassed models cannot be
+            cloned: use ``WindowBatchNormalization`` in their code instead).
+
+    Returns:
+        The new model; ``model`` itself is not modified.
+
+    Raises:
+        ValueError: for a subclassed model, or a BatchNormalization with ``renorm=True``.
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a keras.Model, got {type(model).__name__}.")
+
+    def clone(layer: keras.layers.Layer) -> keras.layers.Layer:
+        if type(layer) is keras.layers.BatchNormalization:
+            config = layer.get_config()
+            if config.get("renorm"):
+                raise ValueError(
+                    f"BatchNormalization layer {layer.name!r} uses renorm=True, which "
+                    "WindowBatchNormalization does not support; set renorm=False or keep "
+                    "stock BN for that model."
+                )
+            return WindowBatchNormalization.from_config(config)
+        return layer.__class__.from_config(layer.get_config())
+
+    try:
+        new = keras.models.clone_model(model, clone_function=clone, recursive=True)
+    except ValueError as err:
+        raise ValueError(
+            f"convert_batchnorm could not clone {type(model).__name__} {model.name!r}: {err} "
+            "It works on Functional and Sequential models; in a subclassed model, use "
+            "accumcore.WindowBatchNormalization in place of keras.layers.BatchNormalization."
+        ) from err
+    new.set_weights(model.get_weights())
+    if hasattr(model, "set_accumulation") and hasattr(new, "set_accumulation"):
+        new.set_accumulation(
+            accum_steps=model.accum_steps, end_of_epoch=model.end_of_epoch,
+            nonfinite=model.nonfinite, normalizer=model.normalizer,
+        )
+    return new
