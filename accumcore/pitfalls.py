@@ -67,6 +67,7 @@ class Problem:
     normalizer: str = "samples"
     name: str = ""
     _reference: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
+    _errors: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def windows(self) -> list[list[Batch]]:
         """The micro-batches in groups of ``accum_steps`` (the last group may be shorter)."""
@@ -84,8 +85,8 @@ class Problem:
         return [len(b[0]) for b in self.micro_batches]
 
     def replace(self, **changes: Any) -> Problem:
-        """A copy with some fields changed (the cached reference is dropped)."""
-        return dataclasses.replace(self, _reference=None, **changes)
+        """A copy with some fields changed (the cached reference and errors are dropped)."""
+        return dataclasses.replace(self, _reference=None, _errors={}, **changes)
 
     def reference(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``(initial, final)`` weights of large-batch training (computed once, then cached)."""
@@ -215,10 +216,18 @@ def measure(problem: Problem, recipe: Callable[[Problem], keras.Model], *,
 
     Args:
         problem: the problem (its reference is computed once and cached).
-        recipe: ``recipe(problem) -> trained keras.Model``.
+        recipe: ``recipe(problem) -> trained keras.Model``; deterministic (seeded), so the
+            error is cached on ``problem`` per ``(recipe, which)``.
         which: compare ``"all"`` weights, only ``"trainable"`` ones, or only
             ``"non_trainable"`` ones (e.g. BatchNorm moving statistics).
     """
+    key = (recipe, which)
+    if key not in problem._errors:
+        problem._errors[key] = _measure(problem, recipe, which)
+    return problem._errors[key]
+
+
+def _measure(problem: Problem, recipe: Callable[[Problem], keras.Model], which: str) -> float:
     initial, final = problem.reference()
     model = recipe(problem)
     if len(model.weights) != len(final):

@@ -164,7 +164,8 @@ def heatmap(
             f"`values` has shape {values.shape}, but row_labels x col_labels is "
             f"({len(row_labels)}, {len(col_labels)}): one value per cell."
         )
-    ax = _axes(ax, figsize=(1.0 + 0.9 * len(col_labels), 1.0 + 0.5 * len(row_labels)))
+    ax = _axes(ax, figsize=(max(6.4, 2.5 + 0.9 * len(col_labels)),
+                            max(4.4, 2.0 + 0.5 * len(row_labels))))
     image = ax.imshow(np.ma.masked_invalid(values), cmap=HEATMAP_CMAP, aspect="auto",
                       origin="lower", vmin=vmin, vmax=vmax)
     colorbar = ax.figure.colorbar(image, ax=ax)
@@ -186,8 +187,9 @@ def heatmap(
         ax.add_patch(plt.Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=color(1),
                                    linewidth=2.5, label=highlight_label if k == 0 else None))
     _label(ax, title, xlabel, ylabel)
-    if highlight:
-        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.15), frameon=False)
+    if highlight:  # below the x-axis label, outside the grid
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+        ax.figure.tight_layout()
     return ax
 
 
@@ -202,6 +204,7 @@ def bars(
     reference_line: float | None = None,
     reference_label: str = "reference",
     rotate: int = 20,
+    horizontal: bool = False,
 ) -> Axes:
     """Grouped bars: ``{group: {series: value}}``, one colour per series (hatched for contrast).
 
@@ -209,11 +212,13 @@ def bars(
         ax: the axes to draw on, or ``None`` for a new figure.
         groups: e.g. ``{"loss not rescaled": {"broken": 3.0, "accumcore": 2e-6}, ...}``; every
             group has the same series names (a missing one is drawn as no bar).
-        title, xlabel, ylabel: required texts; put units in the axis labels.
-        logy: logarithmic value axis (for errors spanning many decades).
-        reference_line: draw a horizontal dashed line at this value (e.g. a tolerance).
+        title, xlabel, ylabel: required texts; put units in the axis labels. With
+            ``horizontal=True`` the values run along x, so ``xlabel`` names the values.
+        logy: logarithmic *value* axis (for errors spanning many decades); x when horizontal.
+        reference_line: draw a dashed line at this value (e.g. a tolerance).
         reference_label: its legend entry.
-        rotate: rotation of the group labels, degrees.
+        rotate: rotation of the group labels, degrees (vertical bars only).
+        horizontal: horizontal bars, one row per group (for many or long group names).
 
     Returns:
         The axes.
@@ -222,21 +227,39 @@ def bars(
     if not groups:
         raise ValueError("`groups` is empty: pass at least one {group: {series: value}} entry.")
     names = list(dict.fromkeys(s for g in groups.values() for s in g))
-    ax = _axes(ax, figsize=(max(6.4, 1.1 * len(groups) + 2), 4.0))
+    if horizontal:
+        ax = _axes(ax, figsize=(8.0, max(3.0, 0.32 * len(groups) * len(names) + 1.5)))
+    else:
+        ax = _axes(ax, figsize=(min(14.0, max(6.4, 0.55 * len(groups) + 2)), 4.5))
     width = 0.8 / len(names)
     positions = np.arange(len(groups))
     hatches = ("", "//", "..", "xx", "\\\\", "oo")
     for i, name in enumerate(names):
         heights = [groups[g].get(name, np.nan) for g in groups]
-        ax.bar(positions + (i - (len(names) - 1) / 2) * width, heights, width, label=name,
-               color=color(i), hatch=hatches[i % len(hatches)], edgecolor="white")
-    if reference_line is not None:
-        ax.axhline(reference_line, color="black", linestyle="--", linewidth=1,
-                   label=reference_label)
-    ax.set_xticks(positions, list(groups), rotation=rotate, ha="right" if rotate else "center")
-    if logy:
-        ax.set_yscale("log")
+        offset = (i - (len(names) - 1) / 2) * width
+        style = dict(label=name, color=color(i), hatch=hatches[i % len(hatches)],
+                     edgecolor="white")
+        if horizontal:
+            ax.barh(positions + offset, heights, width, **style)
+        else:
+            ax.bar(positions + offset, heights, width, **style)
+    line = dict(color="black", linestyle="--", linewidth=1, label=reference_label)
+    if horizontal:
+        if reference_line is not None:
+            ax.axvline(reference_line, **line)
+        ax.set_yticks(positions, list(groups))
+        ax.invert_yaxis()  # first group on top
+        if logy:
+            ax.set_xscale("log")
+        ax.grid(True, axis="x", alpha=0.3)
+    else:
+        if reference_line is not None:
+            ax.axhline(reference_line, **line)
+        ax.set_xticks(positions, list(groups), rotation=rotate,
+                      ha="right" if rotate else "center")
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(True, axis="y", alpha=0.3)
     _label(ax, title, xlabel, ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
     return ax

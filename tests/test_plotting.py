@@ -123,3 +123,17 @@ def test_bars_groups_series_colours_log_and_reference_line():
         mcolors.to_hex(plotting.OKABE_ITO[0]), mcolors.to_hex(plotting.OKABE_ITO[1])}
     heights = sorted(r.get_height() for r in rects)
     assert heights == pytest.approx([1e-6, 2e-6, 0.1, 3.0])
+
+
+def test_horizontal_bars_put_values_on_x():
+    groups = {"a long pitfall name": {"broken": 0.5, "accumcore": 1e-6},
+              "another": {"broken": 2.0}}
+    ax = plotting.bars(None, groups, title="Error", xlabel="relative error (log scale)",
+                       ylabel="pitfall", logy=True, reference_line=1e-4,
+                       reference_label="tolerance", horizontal=True)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "linear"
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(groups)
+    assert sorted(_legend_texts(ax)) == ["accumcore", "broken", "tolerance"]
+    widths = sorted(r.get_width() for r in ax.patches if np.isfinite(r.get_width()))
+    assert widths == pytest.approx([1e-6, 0.5, 2.0])
+    assert ax.get_xlabel() == "relative error (log scale)" and ax.get_ylabel() == "pitfall"
