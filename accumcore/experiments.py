@@ -193,7 +193,8 @@ class CompareRun:
         test_accuracy: ``(n_points,)`` accuracy (fraction) on the test data.
         epoch_seconds: wall time of each epoch's ``fit`` (seconds), evaluation excluded.
         updates: optimizer updates applied in total.
-        initial_weights, final_weights: all model weights before and after training.
+        initial_weights: all model weights before training.
+        final_weights: all model weights after training.
     """
 
     def __init__(self, name: str, micro_batch: int, accum_steps: int) -> None:
@@ -459,12 +460,14 @@ class _AccumRunner:
 def epoch_datasets(x: np.ndarray, y: np.ndarray, micro_batch: int, epochs: int, seed: int = 0):
     """One ``tf.data.Dataset`` of micro-batches per epoch, in :func:`epoch_orders` order.
 
-    The arrays are copied to a tensor once; each epoch's dataset gathers from it by index, so
-    many runs can share the datasets (and so the exact data order) without copying the data.
+    The arrays are copied to a host (CPU) tensor once; each epoch's dataset gathers from it by
+    index, so many runs can share the datasets (and so the exact data order) without copying
+    the data.
     """
     import tensorflow as tf
 
-    xs, ys = tf.constant(x), tf.constant(y)
+    with tf.device("/cpu:0"):  # tf.data runs on the host; keep the data there on GPU machines
+        xs, ys = tf.constant(x), tf.constant(y)
     return [
         tf.data.Dataset.from_tensor_slices(order).batch(micro_batch)
         .map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
