@@ -116,6 +116,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
 
     # ------------------------------------------------------------------ building
     def build(self, input_shape) -> None:
+        """Create stock BN's weights, then the window moments (``ON_READ`` under a strategy)."""
         super().build(input_shape)
         rank = len(input_shape)
         axis = self.axis % rank
@@ -223,6 +224,11 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
 
     # ------------------------------------------------------------------ call
     def call(self, inputs, training=None, mask=None):
+        """Normalise ``inputs`` (any rank; channels on ``axis``) exactly as stock BN does.
+
+        When attached and training, also pool this micro-batch's moments into the window
+        instead of updating the moving statistics. Returns a tensor shaped like ``inputs``.
+        """
         if not (training and self.trainable and self.attached):
             return super().call(inputs, training=training, mask=mask)
         if mask is not None and len(mask.shape) != len(inputs.shape) - 1:
@@ -345,6 +351,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
 
     # ------------------------------------------------------------------ saving
     def save_own_variables(self, store) -> None:
+        """Save the 4 weights, plus the pending window's moments pooled over replicas."""
         super().save_own_variables(store)
         if not self.built:
             return
@@ -353,6 +360,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
             store[key] = value.numpy()
 
     def load_own_variables(self, store) -> None:
+        """Load the weights and, if saved, the pending window's moments (onto replica 0)."""
         keys = [str(k) for k in store.keys()]
         super().load_own_variables({k: store[k] for k in keys if k not in _STORE_KEYS})
         if not all(k in keys for k in _STORE_KEYS):
