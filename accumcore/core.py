@@ -98,6 +98,16 @@ class MicroBatchResult(NamedTuple):
     y_pred: Any  # the model's outputs, for metrics
 
 
+def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
+    """``factor * grad`` for a dense gradient, ``tf.IndexedSlices`` or ``None``."""
+    if grad is None:
+        return None
+    if isinstance(grad, tf.IndexedSlices):
+        values = grad.values * tf.cast(factor, grad.values.dtype)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
 def summed_loss_gradients(
     model: keras.Model,
     loss_of: Callable[[Any, Any, Any, Any], tf.Tensor],
@@ -128,6 +138,14 @@ def summed_loss_gradients(
         y_pred = model(x, training=True)
         loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
         loss = loss * replica_loss_factor()
-        summed = optimizer.scale_loss(loss * weight)
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
+            # float16 backward pass sees per-sample gradients of the usual size; the weight
+            # c_i multiplies the (float32) variable gradients afterwards.
+            summed = optimizer.scale_loss(loss)
+        else:
+            summed = optimizer.scale_loss(loss * weight)
     grads = tape.gradient(summed, variables)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        grads = [_scaled_gradient(g, weight) for g in grads]
     return MicroBatchResult(loss, grads, weight, batch_size_of(x), y_pred)

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore.batchnorm import attach_window_layers
+from accumcore import distribute
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
     check_choice,
@@ -31,7 +32,12 @@ from accumcore.config import (
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import as_loss_fn, first_leaf, summed_loss_gradients
+from accumcore.core import (
+    as_loss_fn,
+    first_leaf,
+    replica_loss_factor,
+    summed_loss_gradients,
+)
 from accumcore.state import AccumulationState
 
 logger = logging.getLogger("accumcore")
@@ -128,7 +134,18 @@ class AccumTrainer:
 
     # ------------------------------------------------------------------ building
     def build(self, x: Any) -> None:
-        """Build model (by calling it on ``x``), optimizer and accumulators, eagerly."""
+        """Build model (by calling it on ``x``), optimizer and accumulators, eagerly.
+
+        Under a ``tf.distribute`` strategy (model created in ``strategy.scope()``), ``x`` may
+        be a distributed micro-batch; optimizer and accumulators are built in the scope.
+        """
+        self._strategy = distribute.model_strategy(self.model)
+        if self._strategy is not None:
+            with self._strategy.scope():
+                return self._build(distribute.first_local(self._strategy, x))
+        return self._build(x)
+
+    def _build(self, x: Any) -> None:
         if not self.model.built or not self.model.trainable_variables:
             try:
                 self.model(x, training=False)
@@ -152,7 +169,10 @@ class AccumTrainer:
             )
         loss = self.loss(y, y_pred, sample_weight)
         if self.model.losses:
-            loss = loss + tf.add_n([tf.cast(v, loss.dtype) for v in self.model.losses])
+            # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
+            # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
+            regularization = tf.add_n([tf.cast(v, loss.dtype) for v in self.model.losses])
+            loss = loss + regularization / replica_loss_factor()
         return loss
 
     # ------------------------------------------------------------------ one micro-batch
@@ -166,6 +186,12 @@ class AccumTrainer:
         )
         return loss, weight, applied
 
+    def _run_micro_step(self, x, y=None, sample_weight=None):
+        """:meth:`_micro_step`, on every replica under a strategy (outputs combined locally)."""
+        if getattr(self, "_strategy", None) is None:
+            return self._micro_step(x, y, sample_weight)
+        return distribute.run_micro_step(self._strategy, self._micro_step, x, y, sample_weight)
+
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
 
@@ -176,11 +202,11 @@ class AccumTrainer:
         if compiled:
             if self._micro_fn is None:
                 self._micro_fn = tf.function(
-                    self._micro_step, reduce_retracing=True, jit_compile=self.jit_compile
+                    self._run_micro_step, reduce_retracing=True, jit_compile=self.jit_compile
                 )
             out = self._micro_fn(x, y, sample_weight)
         else:
-            out = self._micro_step(x, y, sample_weight)
+            out = self._run_micro_step(x, y, sample_weight)
         self.state.raise_if_nonfinite(self.epoch)
         return out
 
@@ -205,7 +231,7 @@ class AccumTrainer:
                 self.model, self._loss_of, xi, yi, wi,
                 normalizer=self.normalizer, optimizer=self.optimizer,
             )
-            self.state.accumulate(grads, weight, samples)
+            self.state.accumulate(grads, weight, samples, self.optimizer)
             self.state.micro_batches_seen.assign_add(1)
             self.state.micro_step.assign_add(1)
             total_loss += loss * weight
@@ -225,6 +251,12 @@ class AccumTrainer:
             The mean loss over the batch (float32 scalar tensor).
         """
         self.build(x)
+        if self._strategy is not None:
+            raise NotImplementedError(
+                "`window_step` splits one batch on one device; under a tf.distribute strategy "
+                "use `trainer.fit(dataset_of_micro_batches)` (or `train_micro_batch`), which "
+                "splits every micro-batch across the replicas."
+            )
         if self._window_fn is None:
             self._window_fn = tf.function(
                 self._window, reduce_retracing=True, jit_compile=self.jit_compile
@@ -272,7 +304,7 @@ class AccumTrainer:
         i = 0
         for batch in dataset:
             x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-            loss, weight, did = self._micro_step(x, y, sw)
+            loss, weight, did = self._run_micro_step(x, y, sw)
             losses = losses.write(i, loss)
             weights = weights.write(i, weight)
             applied = applied.write(i, did)
@@ -313,6 +345,9 @@ class AccumTrainer:
                 "`dataset` is empty (cardinality 0): nothing to train on. Check the data "
                 "source and that `.batch(b, drop_remainder=True)` did not drop everything."
             )
+        # Under a tf.distribute strategy each global micro-batch is split across the replicas.
+        strategy = distribute.model_strategy(self.model)
+        batches = dataset if strategy is None else distribute.distribute_dataset(strategy, dataset)
         history = LoopHistory()
         window_sum = 0.0
         window_weight = 0.0
@@ -326,14 +361,14 @@ class AccumTrainer:
                     self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
                 if self._epoch_fn is None:
                     self._epoch_fn = tf.function(self._epoch, jit_compile=False)
-                losses, weights, applied = self._epoch_fn(dataset)
+                losses, weights, applied = self._epoch_fn(batches)
                 self.state.raise_if_nonfinite(self.epoch)
                 records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
                                    applied.numpy().tolist()))
                 bar.update(len(records), values=[("loss", float(np.mean(losses)))] if records
                            else None, finalize=False)
             else:
-                for step, batch in enumerate(dataset):
+                for step, batch in enumerate(batches):
                     x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
                     loss, weight, did = self.train_micro_batch(
                         x, y, sw, compiled=(mode == "function")

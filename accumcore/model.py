@@ -31,6 +31,7 @@ from accumcore.config import (
     warn_if_float16_without_loss_scaling,
 )
 from accumcore.core import summed_loss_gradients
+from accumcore.distribute import is_loss_scale_optimizer
 from accumcore.state import AccumulationState
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
@@ -176,6 +177,11 @@ class AccumModel(keras.Model):
 
     def make_train_function(self, force: bool = False):
         self.build_accumulation()
+        if self.optimizer is not None and not self.optimizer.built:
+            # Before tracing: a LossScaleOptimizer's `scale_loss` must read its loss-scale
+            # variable in the traced step, not the constant initial scale of an unbuilt one.
+            with self.distribute_strategy.scope():
+                self.optimizer.build(self.trainable_variables)
         return super().make_train_function(force)
 
     def fit(self, *args: Any, **kwargs: Any):
@@ -212,6 +218,8 @@ class AccumModel(keras.Model):
         logs = self.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
         if self.nonfinite != "raise":
             logs["skipped_micro_batches"] = self.accumulation.micro_batches_skipped
+            logs["skipped_windows"] = self.accumulation.windows_skipped
+        elif is_loss_scale_optimizer(self.optimizer):  # non-finite windows skipped (overflow)
             logs["skipped_windows"] = self.accumulation.windows_skipped
         return logs
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from accumcore import distribute
 from accumcore.config import NONFINITE_POLICIES, check_accum_steps, check_choice
 from accumcore.errors import NonFiniteGradientError
 
@@ -72,6 +73,7 @@ class AccumulationState(tf.Module):
         self._variable_names: list[str] = []
         self._has_gradient: list[bool] = []
         self._built = False
+        self._strategy = None  # the tf.distribute strategy the variables were built under
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
         #: skipped or dropped. Layers with per-window state (e.g. window-level BatchNorm
@@ -102,6 +104,7 @@ class AccumulationState(tf.Module):
                 "or start it with `keras.Input(shape=...)`."
             )
         on_read = tf.distribute.has_strategy()
+        self._strategy = tf.distribute.get_strategy() if on_read else None
         sync = dict(synchronization=_ON_READ) if on_read else {}
         sum_agg = dict(aggregation=tf.VariableAggregation.SUM) if on_read else {}
         first = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA) if on_read else {}
@@ -130,7 +133,8 @@ class AccumulationState(tf.Module):
             self.windows_applied = counter("windows_applied")
             self.windows_skipped = counter("windows_skipped")
             self.micro_batches_seen = counter("micro_batches_seen")
-            self.micro_batches_skipped = counter("micro_batches_skipped")
+            # SUM: under a strategy each replica skips its own shard of a micro-batch.
+            self.micro_batches_skipped = counter("micro_batches_skipped", agg=sum_agg)
             self.samples_seen = counter("samples_seen", agg=sum_agg)
             self.samples_dropped = counter("samples_dropped", agg=sum_agg)
             # Flags (int64 so that they checkpoint and cross devices like the counters).
@@ -169,6 +173,11 @@ class AccumulationState(tf.Module):
                     )
 
     @property
+    def strategy(self) -> tf.distribute.Strategy | None:
+        """The ``tf.distribute`` strategy the state was built under (``None``: no strategy)."""
+        return self._strategy
+
+    @property
     def frozen(self) -> tf.Tensor:
         """True once a non-finite gradient was seen under ``nonfinite="raise"``."""
         return self.nonfinite_micro_step >= 0
@@ -189,7 +198,7 @@ class AccumulationState(tf.Module):
         return {n: int(getattr(self, n).numpy()) for n in names}
 
     # ------------------------------------------------------------------ update rule
-    def accumulate(self, grads: Sequence, weight, samples) -> tf.Tensor:
+    def accumulate(self, grads: Sequence, weight, samples, optimizer=None) -> tf.Tensor:
         """Add one micro-batch: ``grads`` are gradients of its **summed** loss ``c_i * L_i``.
 
         Args:
@@ -197,6 +206,10 @@ class AccumulationState(tf.Module):
                 ``None`` for variables the loss does not depend on).
             weight: ``c_i``, float scalar (samples, sum of sample weights or item count).
             samples: number of samples in the micro-batch (int scalar), for the counters.
+            optimizer: the optimizer the window will be applied with (optional). With a
+                ``keras.optimizers.LossScaleOptimizer`` the per-micro-batch ``nonfinite``
+                policy is not applied: an overflowing micro-batch is added as it is and the
+                window is checked once, when it closes (skipped whole, loss scale lowered).
 
         Returns:
             A bool scalar: whether the micro-batch was added (False if it was skipped or the
@@ -215,6 +228,8 @@ class AccumulationState(tf.Module):
         finite_flags.append(tf.math.is_finite(weight))
         flags = tf.stack(finite_flags)
         finite = tf.reduce_all(flags)
+        if distribute.is_loss_scale_optimizer(optimizer):
+            finite = tf.constant(True)  # overflow is handled once per window (loss scaling)
         not_frozen = tf.logical_not(self.frozen)
 
         def add() -> tf.Tensor:
@@ -279,6 +294,9 @@ class AccumulationState(tf.Module):
     def reset(self) -> None:
         """Empty the current window (accumulators, weight, position); counters are kept."""
         self._check_built()
+        if self._strategy is not None and not distribute.in_replica_context():
+            distribute.reset_components(self)  # every replica, without reading the sums
+            return
         for acc in self.accumulators:
             acc.assign(tf.zeros_like(acc))
         self.window_weight.assign(0.0)
@@ -290,16 +308,32 @@ class AccumulationState(tf.Module):
         """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
 
         A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) is discarded
-        and counted in ``windows_skipped`` instead. An empty window does nothing. Graph-safe.
+        and counted in ``windows_skipped`` instead, and so is a window whose loss-scaled
+        gradient is not finite under a ``LossScaleOptimizer`` (the loss scale is lowered). An
+        empty window does nothing. Graph-safe. Under a ``tf.distribute`` strategy the window
+        is closed by ``accumcore.distribute.close_window`` (replica or cross-replica context).
+
+        Returns:
+            bool scalar: whether an optimizer update was applied.
         """
         self._check_built()
         variables = list(variables)
+        if self._strategy is not None:
+            return distribute.close_window(self, optimizer, variables)
         has_data = self.micro_step > 0
         poisoned = self.window_poisoned > 0
         live = tf.logical_and(has_data, tf.logical_not(self.frozen))
 
         def do_apply():
+            if distribute.is_loss_scale_optimizer(optimizer):
+                applied = distribute.apply_update(
+                    optimizer, self._window_gradients(variables), variables
+                )
+                return tf.cond(applied, applied_window, do_skip)
             optimizer.apply(self._window_gradients(variables), variables)
+            return applied_window()
+
+        def applied_window():
             self.windows_applied.assign_add(1)
             self._run_hooks(True)
             self.reset()
@@ -320,6 +354,9 @@ class AccumulationState(tf.Module):
     def drop_window(self) -> None:
         """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
         self._check_built()
+        if self._strategy is not None and not distribute.in_replica_context():
+            distribute.drop_window(self)
+            return
         self.samples_dropped.assign_add(self.window_samples)
         self._run_hooks(False)
         self.reset()
@@ -338,7 +375,10 @@ class AccumulationState(tf.Module):
             bool scalar: whether an optimizer update was applied by this call.
         """
         self._check_built()
-        self.accumulate(grads, weight, samples)
+        if self._strategy is not None:  # replica context: the window decision is cross-replica
+            self.accumulate(grads, weight, samples, optimizer)
+            return distribute.replica_step(self, optimizer, variables)
+        self.accumulate(grads, weight, samples, optimizer)
 
         def advance():
             self.micro_batches_seen.assign_add(1)
@@ -361,11 +401,12 @@ class AccumulationState(tf.Module):
         """
         if not self._built or self.nonfinite != "raise":
             return
-        step = int(self.nonfinite_micro_step.numpy())
+        # Under a strategy: the first local replica that froze (each replica checks its shard).
+        step, replica = distribute.max_local(self, self.nonfinite_micro_step)
         if step < 0:
             return
-        position = int(self.nonfinite_window_position.numpy())
-        index = int(self.nonfinite_variable.numpy())
+        position = distribute.component(self, self.nonfinite_window_position, replica)
+        index = distribute.component(self, self.nonfinite_variable, replica)
         variable = self._variable_names[index] if index >= 0 else "<micro-batch weight>"
         where = f"epoch {epoch}, " if epoch is not None else ""
         raise NonFiniteGradientError(

@@ -1,0 +1,262 @@
+"""Distributed test cases, run in a *separate process* with 2 logical CPU devices.
+
+Logical devices must be configured before TensorFlow initialises its devices, so these cases
+cannot run inside the pytest process (other tests have initialised TF there already).
+``tests/test_distribute.py`` runs this script once and checks the JSON it writes::
+
+    python tests/distribute_cases.py OUT.json [case ...]
+
+Each case returns a dict of plain numbers; an exception is recorded as ``{"error": ...}`` so
+the test that reads it fails with the traceback. All equivalence references are independent:
+plain ``train_on_batch`` on the concatenated window, on ONE device, from the same initial
+weights (the default strategy, outside any scope).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import json  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import accumcore as ac  # noqa: E402
+from accumcore.experiments import get_weights, relative_error  # noqa: E402
+
+# Two logical CPUs, before anything initialises TensorFlow's devices (importing accumcore does
+# not). CUDA_VISIBLE_DEVICES="" in the test keeps this on CPUs on a GPU machine too.
+DEVICES = ac.distribute.replica_devices(2)
+LOSS = "sparse_categorical_crossentropy"
+CASES: dict[str, Callable[[], dict]] = {}
+
+
+def case(fn: Callable[[], dict]) -> Callable[[], dict]:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def data(n: int, features: int = 8, classes: int = 3, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype("float32")
+    y = rng.integers(0, classes, size=n).astype("int32")
+    return x, y
+
+
+def small_mlp(seed: int = 0, model_cls=keras.Model, **kwargs) -> keras.Model:
+    """8 -> 16 (relu) -> 3 (softmax), identical weights for a given seed."""
+    return ac.experiments.mlp(8, (16,), 3, seed=seed, model_cls=model_cls, **kwargs)
+
+
+def windows(n: int, micro: int, k: int) -> list[slice]:
+    return [slice(s, min(s + micro * k, n)) for s in range(0, n, micro * k)]
+
+
+def reference(make_model, make_opt, x, y, micro: int, k: int):
+    """Single device, no strategy: one train_on_batch per window (the large batch)."""
+    model = make_model()
+    initial = get_weights(model)
+    model.compile(make_opt(), LOSS)
+    for s in windows(len(x), micro, k):
+        model.train_on_batch(x[s], y[s])
+    return initial, get_weights(model)
+
+
+_SHARED: list[tf.distribute.MirroredStrategy] = []
+
+
+def mirrored(cross_device_ops=None) -> tf.distribute.MirroredStrategy:
+    """The process's one collective MirroredStrategy, or a new one with ``cross_device_ops``.
+
+    Every MirroredStrategy of a process numbers its collective ops from the same keys, so two
+    of them that both use collectives (the default on CPUs) collide ("Shape mismatch in the
+    collective instance"): share one. ReductionToOneDevice uses no collectives.
+    """
+    if cross_device_ops is not None:
+        return tf.distribute.MirroredStrategy(DEVICES, cross_device_ops=cross_device_ops)
+    if not _SHARED:
+        _SHARED.append(tf.distribute.MirroredStrategy(DEVICES))
+    return _SHARED[0]
+
+
+def adam() -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(0.01)
+
+
+def train_trainer(strategy, make_opt, x, y, micro, k, mode, make_model=small_mlp, **kwargs):
+    with strategy.scope():
+        model = make_model()
+        trainer = ac.AccumTrainer(model, make_opt(), LOSS, accum_steps=k, **kwargs)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro)
+    history = trainer.fit(ds, epochs=1, mode=mode, verbose=0)
+    return model, trainer, history
+
+
+# ---------------------------------------------------------------------------- cases
+@case
+def loops_ragged() -> dict:
+    """Eager, tf.function and graph loops; micro-batch 5 over 2 replicas = 3 + 2 samples; the
+    last micro-batch (2 samples) is 1 + 1 and the last window is partial (flushed)."""
+    x, y = data(37)
+    micro, k = 5, 2
+    initial, ref = reference(small_mlp, adam, x, y, micro, k)
+    out = {}
+    strategy = mirrored()
+    for mode in ("eager", "function", "graph"):
+        model, _, history = train_trainer(strategy, adam, x, y, micro, k, mode)
+        out[mode] = {
+            "rel": relative_error(get_weights(model), ref, initial),
+            "counters": history.counters,
+            "updates": history.updates,
+        }
+    return out
+
+
+@case
+def fit_ragged() -> dict:
+    """AccumModel.fit: micro-batch 6 (3 + 3); the last micro-batch of 3 is ragged (2 + 1)."""
+    x, y = data(39)
+    micro, k = 6, 2
+    initial, ref = reference(small_mlp, adam, x, y, micro, k)
+    with mirrored().scope():
+        model = small_mlp(model_cls=ac.AccumModel, accum_steps=k)
+        model.compile(adam(), LOSS)
+    history = model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
+    return {
+        "rel": relative_error(get_weights(model), ref, initial),
+        "counters": model.accumulation.counters(),
+        "loss": float(history.history["loss"][-1]),
+    }
+
+
+@case
+def clipping_and_decay() -> dict:
+    """Clipping must see the global window gradient (Keras clips per replica otherwise)."""
+    x, y = data(40)
+    micro, k = 4, 5
+    opts = {
+        "global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
+        "clipnorm": lambda: keras.optimizers.SGD(0.5, clipnorm=0.01),
+        "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.1),
+    }
+    strategy = mirrored()
+    out = {}
+    for name, make_opt in opts.items():
+        initial, ref = reference(small_mlp, make_opt, x, y, micro, k)
+        model, _, _ = train_trainer(strategy, make_opt, x, y, micro, k, "function")
+        out[name] = relative_error(get_weights(model), ref, initial)
+    return out
+
+
+@case
+def reductions() -> dict:
+    """Count the cross-replica reductions of whole windows, eagerly (every op runs in Python).
+
+    For K in (2, 4): two windows of K micro-batches; also a clipping optimizer.
+    """
+    out = {}
+    x, y = data(64)
+    micro = 4
+    n_vars = len(small_mlp().trainable_variables)
+    for name, k, make_opt in (("k2", 2, adam), ("k4", 4, adam),
+                              ("k4_clip", 4, lambda: keras.optimizers.Adam(0.01, clipnorm=1.0))):
+        ops = ac.distribute.CountingCrossDeviceOps()
+        strategy = mirrored(ops)
+        with strategy.scope():
+            model = small_mlp()
+            trainer = ac.AccumTrainer(model, make_opt(), LOSS, accum_steps=k)
+        batches = strategy.experimental_distribute_dataset(
+            tf.data.Dataset.from_tensor_slices((x, y)).batch(micro)
+        )
+        per_step = []
+        it = iter(batches)
+        for _ in range(2 * k):
+            before = len(ops.batches)
+            xb, yb = next(it)
+            trainer.train_micro_batch(xb, yb)
+            per_step.append(ops.batches[before:])
+        out[name] = {
+            "k": k,
+            "micro_steps": 2 * k,
+            "batches": ops.batches,
+            "singles": ops.singles,
+            "per_step": per_step,
+            "windows_applied": int(trainer.state.windows_applied.numpy()),
+        }
+    out["n_vars"] = n_vars
+    return out
+
+
+@case
+def nonfinite_shard() -> dict:
+    """A NaN in one replica's shard: 'skip_window' skips the window on every replica (the
+    flag travels in the window's one reduction); 'raise' raises from the host."""
+    x, y = data(20)
+    x[5] = np.nan  # micro-batch 1 (samples 4..7): replica 0's shard 4, 5
+    micro, k = 4, 2
+    strategy = mirrored()
+    # Reference: the large batches of windows 2 and 3 only (window 1 is skipped).
+    initial, ref = reference(small_mlp, adam, x[8:], y[8:], micro, k)
+    model, _, history = train_trainer(strategy, adam, x, y, micro, k, "function",
+                                      nonfinite="skip_window")
+    out = {"skip_window": {"rel": relative_error(get_weights(model), ref, initial),
+                           "counters": history.counters}}
+    try:
+        train_trainer(strategy, adam, x, y, micro, k, "function")
+        out["raise"] = {"raised": False}
+    except ac.NonFiniteGradientError as err:
+        out["raise"] = {"raised": True, "micro_step": err.micro_step,
+                        "window_position": err.window_position}
+    return out
+
+
+@case
+def mixed_precision() -> dict:
+    """mixed_float16 + LossScaleOptimizer under MirroredStrategy, and a forced overflow that
+    lands on ONE replica only: the whole window must be skipped on every replica."""
+    from test_mixed_precision import build_mixed_model, mixed_data, mixed_optimizer  # noqa: E402
+
+    micro, k = 8, 4
+    x, y = mixed_data(96)
+    bad = 40  # window 2 (samples 32..63), micro-batch 40..47: replica 0 gets 40..43
+    x_bad = x.copy()
+    x_bad[bad] *= 1e6  # float16 activations overflow -> non-finite gradients
+    out = {}
+    for name, xs in (("clean", x), ("overflow", x_bad)):
+        def make():
+            return build_mixed_model("mixed_float16")
+        initial, ref = reference(make, lambda: mixed_optimizer("mixed_float16"), xs, y, micro, k)
+        model, trainer, history = train_trainer(
+            mirrored(), lambda: mixed_optimizer("mixed_float16"), xs, y, micro, k, "function",
+            make_model=make,
+        )
+        out[name] = {
+            "rel": relative_error(get_weights(model), ref, initial),
+            "counters": history.counters,
+            "scale": ac.distribute.loss_scale(trainer.optimizer),
+        }
+    return out
+
+
+def main(argv: list[str]) -> None:
+    out_path, names = argv[0], argv[1:] or list(CASES)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    results = {}
+    for name in names:
+        try:
+            results[name] = CASES[name]()
+        except Exception:  # noqa: BLE001 - reported to the test that reads this case
+            results[name] = {"error": traceback.format_exc()}
+        with open(out_path, "w") as f:  # after every case: a timeout keeps what finished
+            json.dump(results, f, indent=1, default=float)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
