@@ -7,7 +7,7 @@
   (traced once; a ragged last micro-batch does not retrace).
 * ``fit(dataset, mode="graph")``: a whole epoch inside one ``tf.function`` (fastest).
 
-and :meth:`AccumTrainer.window_step`, which takes one large batch and splits it into K
+and :meth:`~accumcore.AccumTrainer.window_step`, which takes one large batch and splits it into K
 micro-batches *inside* the graph, so only one micro-batch's activations are alive at a time.
 """
 
@@ -43,6 +43,20 @@ from accumcore.state import AccumulationState
 logger = logging.getLogger("accumcore")
 
 MODES = ("eager", "function", "graph")
+
+
+def _batch_relaxed_specs(structure: Any) -> Any:
+    """``tf.TensorSpec`` s for a micro-batch with the batch (first) dimension unknown.
+
+    Returns ``None`` if a leaf is neither a tensor nor a numpy array (then no spec is forced).
+    """
+    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
+    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) >= 1 for t in leaves):
+        return None
+    return tf.nest.map_structure(
+        lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
+        structure,
+    )
 
 
 @dataclass
@@ -204,6 +218,11 @@ class AccumTrainer:
                 self._micro_fn = tf.function(
                     self._run_micro_step, reduce_retracing=True, jit_compile=self.jit_compile
                 )
+                # Trace once with the batch dimension unknown, so that a ragged (smaller) last
+                # micro-batch reuses this trace instead of retracing.
+                specs = _batch_relaxed_specs((x, y, sample_weight))
+                if specs is not None:
+                    self._micro_fn.get_concrete_function(*specs)
             out = self._micro_fn(x, y, sample_weight)
         else:
             out = self._run_micro_step(x, y, sample_weight)
@@ -328,7 +347,8 @@ class AccumTrainer:
                 micro-batches (batch it with the micro-batch size b).
             epochs: number of passes.
             mode: ``"eager"``, ``"function"`` (default) or ``"graph"``; see the module doc.
-            verbose: 1 shows a ``keras.utils.Progbar`` per epoch, 0 is silent.
+            verbose: 1 shows a ``keras.utils.Progbar`` per epoch (one tick per micro-batch),
+                2 prints one line per epoch (as ``model.fit``), 0 is silent.
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
         Returns:
@@ -399,7 +419,7 @@ class AccumTrainer:
                 window_sum = window_weight = 0.0
             history.epoch_losses.append(epoch_sum / epoch_weight if epoch_weight else 0.0)
             history.updates.append(int(self.state.windows_applied.numpy()) - before)
-            if verbose:
+            if verbose and (mode == "graph" or steps is None):  # else the last step finalized
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()
             if on_epoch_end is not None:

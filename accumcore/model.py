@@ -30,7 +30,7 @@ from accumcore.config import (
     check_optimizer,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import summed_loss_gradients
+from accumcore.core import batch_size_of, replica_loss_factor, summed_loss_gradients
 from accumcore.distribute import is_loss_scale_optimizer
 from accumcore.state import AccumulationState
 
@@ -222,6 +222,18 @@ class AccumModel(keras.Model):
         elif is_loss_scale_optimizer(self.optimizer):  # non-finite windows skipped (overflow)
             logs["skipped_windows"] = self.accumulation.windows_skipped
         return logs
+
+    def test_step(self, data):
+        # evaluate() and fit's validation. `metrics` replaces Keras's loss tracker by ours, so
+        # ours must be fed here too (else val_loss is 0): mean loss weighted by batch size.
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        y_pred = self(x, training=False)
+        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                 training=False)
+        self._accum_loss_tracker.update_state(
+            loss * replica_loss_factor(), sample_weight=tf.cast(batch_size_of(x), tf.float32)
+        )
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
 
     # ------------------------------------------------------------------ windows
     def flush_window(self) -> bool:

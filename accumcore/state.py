@@ -50,17 +50,18 @@ class AccumulationState(tf.Module):
             ``"skip_window"`` (drop the whole window, apply nothing).
 
     Variables (created by :meth:`build`, lazily, from the model's trainable variables):
-        accumulators: one per trainable variable, same shape, float32 (float64 for float64
-            variables), holding ``sum_i c_i * grad(L_i)`` of the current window.
-        window_weight: float32 scalar, ``sum_i c_i`` of the current window.
-        micro_step: int64, number of micro-batches already in the current window (0..K-1).
-        window_samples: int64, samples in the current window.
-        Counters (int64, over the whole run): ``windows_applied``, ``windows_skipped``,
-        ``micro_batches_seen``, ``micro_batches_skipped``, ``samples_seen`` (samples counted
-        into windows, applied or pending, plus skipped non-finite micro-batches),
-        ``samples_dropped`` (by the ``"drop"`` end-of-epoch policy, a skipped window or a
-        skipped micro-batch). Samples that reached an update: ``samples_seen - samples_dropped
-        - window_samples``.
+
+    * ``accumulators``: one per trainable variable, same shape, float32 (float64 for float64
+      variables), holding ``sum_i c_i * grad(L_i)`` of the current window.
+    * ``window_weight``: float32 scalar, ``sum_i c_i`` of the current window.
+    * ``micro_step``: int64, number of micro-batches already in the current window (0..K-1).
+    * ``window_samples``: int64, samples in the current window.
+    * Counters (int64, over the whole run): ``windows_applied``, ``windows_skipped``,
+      ``micro_batches_seen``, ``micro_batches_skipped``, ``samples_seen`` (samples counted
+      into windows, applied or pending, plus skipped non-finite micro-batches),
+      ``samples_dropped`` (by the ``"drop"`` end-of-epoch policy, a skipped window or a
+      skipped micro-batch). Samples that reached an update: ``samples_seen - samples_dropped
+      - window_samples``.
     """
 
     def __init__(
