@@ -1,0 +1,265 @@
+"""Open every page of the built book in headless Chromium and check what a reader would see.
+
+For each page listed in ``_toc.yml`` (served from ``_build/html`` on 127.0.0.1):
+
+* the page exists (HTTP 200, a title, not an error page);
+* every ``<img>`` loaded (``complete`` and ``naturalWidth > 0``);
+* where the page has math, MathJax (the vendored copy in ``book/_static/mathjax``, not a CDN)
+  rendered it: every ``.math`` element holds an ``mjx-container`` and no raw ``\\[`` / ``\\(``
+  is left in the text outside code blocks;
+* on notebook pages, the Colab launch link points to
+  ``https://colab.research.google.com/github/accumcore/accumcore/blob/main/<docname>.ipynb``.
+
+Before the real pages it runs a negative control: it loads one page, breaks it in the browser
+(a missing image, raw TeX, the Colab link removed) and requires each check to report it, so a
+check that cannot fail fails the run.
+
+Uses Debian's ``/usr/bin/chromium`` and ``/usr/bin/chromedriver`` (``apt-get install chromium
+chromium-driver``); never Selenium Manager downloads.
+
+Usage: ``python scripts/browser_check.py [--html _build/html] [--screenshot out.png
+[--screenshot-page book/01_eager_loop]]``. Exit status 1 if any page fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+COLAB = "https://colab.research.google.com/github/accumcore/accumcore/blob/main/{}.ipynb"
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1280,1600",
+)
+PAGE_TIMEOUT_S = 30  # generous: the CI machine is small and shared
+
+
+def toc_docnames(toc_path: Path) -> list[str]:
+    """Docnames in ``_toc.yml`` order: the root, then every ``file`` (parts, chapters, sections)."""
+    toc = yaml.safe_load(toc_path.read_text())
+    names = [toc["root"]]
+
+    def walk(entries: list | None) -> None:
+        for entry in entries or []:
+            if "file" in entry:
+                names.append(entry["file"])
+            walk(entry.get("sections"))
+
+    for part in toc.get("parts") or []:
+        walk(part.get("chapters"))
+    walk(toc.get("chapters"))
+    return [str(Path(n).with_suffix("")) if Path(n).suffix in (".md", ".ipynb") else n
+            for n in names]
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)  # the browser hung up: harmless
+
+
+def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    """Serve ``directory`` on 127.0.0.1 (a free port) in a daemon thread; returns the base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = _QuietServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def make_driver(profile: str) -> webdriver.Chrome:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            sys.exit(f"browser_check: {path} is missing: apt-get install chromium chromium-driver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM  # with Service(path): no Selenium Manager lookup
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(PAGE_TIMEOUT_S)
+    driver.set_script_timeout(PAGE_TIMEOUT_S)
+    return driver
+
+
+_WAIT_FOR_MATHJAX = """
+const done = arguments[arguments.length - 1];
+if (!window.MathJax || !MathJax.startup || !MathJax.startup.promise) { done("no-mathjax"); }
+else { MathJax.startup.promise.then(() => done("ok"), (e) => done("error: " + e)); }
+"""
+
+_INSPECT = """
+const images = Array.from(document.images).map((img) => ({
+  src: img.currentSrc || img.src, loading: !img.complete,
+  ok: img.complete && img.naturalWidth > 0}));
+const math = Array.from(document.querySelectorAll(".math"));
+const clone = document.body.cloneNode(true);
+clone.querySelectorAll("pre, code, script, style, textarea").forEach((e) => e.remove());
+const text = clone.textContent;
+const scripts = Array.from(document.scripts).map((s) => s.src).filter((s) => /mathjax/i.test(s));
+const colab = Array.from(document.querySelectorAll('a[href*="colab.research.google.com"]'))
+    .map((a) => a.href);
+return {
+  title: document.title,
+  images: images,
+  mathElements: math.length,
+  mathUnrendered: math.filter((m) => !m.querySelector("mjx-container")).length,
+  rawTex: text.includes("\\\\[") || text.includes("\\\\("),
+  mathjaxScripts: scripts,
+  colab: colab,
+};
+"""
+
+
+def inspect(driver: webdriver.Chrome) -> dict:
+    """Wait for MathJax and images, then return what the page shows."""
+    status = driver.execute_async_script(_WAIT_FOR_MATHJAX)
+    deadline = time.monotonic() + PAGE_TIMEOUT_S
+    info = driver.execute_script(_INSPECT)
+    while any(i["loading"] for i in info["images"]) and time.monotonic() < deadline:
+        time.sleep(0.25)  # images still loading (a broken image is complete, naturalWidth 0)
+        info = driver.execute_script(_INSPECT)
+    info["mathjax"] = status
+    return info
+
+
+def problems_of(info: dict, docname: str, base: str, notebook: bool) -> list[str]:
+    """The checks; an empty list means the page passed."""
+    problems = []
+    title = info["title"] or ""
+    if not title.strip() or "404" in title or "error response" in title.lower():
+        problems.append(f"bad title {title!r} (missing or error page)")
+    for image in info["images"]:
+        if not image["ok"]:
+            problems.append(f"image did not load: {image['src']}")
+    if info["mathElements"] or info["rawTex"]:
+        if info["mathjax"] != "ok":
+            problems.append(f"page has math but MathJax did not run ({info['mathjax']})")
+        if info["mathUnrendered"]:
+            problems.append(f"{info['mathUnrendered']} of {info['mathElements']} math elements "
+                            "not rendered by MathJax")
+        if info["rawTex"]:
+            problems.append("raw TeX (\\[ or \\() left in the page text")
+        remote = [s for s in info["mathjaxScripts"] if not s.startswith(base)]
+        if remote:
+            problems.append(f"MathJax loaded from outside the book: {remote}")
+    if notebook:
+        expected = COLAB.format(docname)
+        if expected not in info["colab"]:
+            problems.append(f"Colab launch link missing or wrong: expected {expected}, "
+                            f"found {info['colab'] or 'none'}")
+    return problems
+
+
+_BREAK_PAGE = """
+const img = document.createElement("img");
+img.src = "_images/does-not-exist.png";
+document.querySelector("main, article, body").appendChild(img);
+const p = document.createElement("p");
+p.textContent = "\\\\[ B = b \\\\cdot K \\\\]";
+document.querySelector("main, article, body").appendChild(p);
+document.querySelectorAll('a[href*="colab.research.google.com"]').forEach((a) => a.remove());
+"""
+
+
+def negative_control(driver: webdriver.Chrome, base: str, docname: str) -> list[str]:
+    """Break a notebook page in the browser; every check must notice. Returns failures."""
+    driver.get(f"{base}/{docname}.html")
+    driver.execute_async_script(_WAIT_FOR_MATHJAX)
+    driver.execute_script(_BREAK_PAGE)
+    found = " | ".join(problems_of(inspect(driver), docname, base, notebook=True))
+    expected = {"broken image": "image did not load", "raw TeX": "raw TeX",
+                "missing Colab link": "Colab launch link missing"}
+    return [f"negative control: the {name} check did not fire" for name, marker in
+            expected.items() if marker not in found]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
+    parser.add_argument("--toc", type=Path, default=ROOT / "_toc.yml")
+    parser.add_argument("--screenshot", type=Path, help="save a screenshot of one page here")
+    parser.add_argument("--screenshot-page", default=None,
+                        help="docname to screenshot (default: the first notebook page)")
+    args = parser.parse_args()
+
+    if not (args.html / "index.html").is_file():
+        sys.exit(f"browser_check: no built book in {args.html}: run jupyter-book build first")
+    docnames = toc_docnames(args.toc)
+    notebooks = {d for d in docnames if (ROOT / f"{d}.ipynb").is_file()}
+    server, base = serve(args.html)
+    profile = tempfile.mkdtemp(prefix="browser-check-profile-")
+    driver = make_driver(profile)
+    failures: list[str] = []
+    try:
+        first_notebook = next((d for d in docnames if d in notebooks), None)
+        if first_notebook is None:
+            failures.append("no notebook page in _toc.yml: the Colab check cannot be tested")
+        else:
+            failures += negative_control(driver, base, first_notebook)
+        for docname in docnames:
+            url = f"{base}/{docname}.html"
+            try:
+                with urllib.request.urlopen(url, timeout=PAGE_TIMEOUT_S) as response:
+                    status = response.status
+            except urllib.error.HTTPError as err:
+                status = err.code
+            if status != 200:
+                failures.append(f"{docname}: HTTP {status} for {url}")
+                continue
+            start = time.monotonic()
+            driver.get(url)
+            info = inspect(driver)
+            problems = problems_of(info, docname, base, docname in notebooks)
+            failures += [f"{docname}: {p}" for p in problems]
+            kind = "notebook" if docname in notebooks else "page"
+            print(f"{'FAIL' if problems else 'ok  '} {docname} ({kind}; "
+                  f"{len(info['images'])} images, {info['mathElements']} math elements, "
+                  f"{len(info['colab'])} Colab links; {time.monotonic() - start:.1f} s)")
+        if args.screenshot:
+            page = args.screenshot_page or first_notebook or docnames[0]
+            driver.get(f"{base}/{page}.html")
+            inspect(driver)
+            driver.save_screenshot(str(args.screenshot))
+            print(f"screenshot of {page} -> {args.screenshot}")
+    finally:
+        driver.quit()
+        server.shutdown()
+        shutil.rmtree(profile, ignore_errors=True)
+    for failure in failures:
+        print("FAIL", failure)
+    print(f"browser check: {len(docnames)} pages, "
+          f"{'all passed' if not failures else f'{len(failures)} problem(s)'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
