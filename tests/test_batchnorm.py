@@ -400,6 +400,39 @@ _DISTRIBUTED_SCRIPT = textwrap.dedent(
     assert counts == [40 * 25.0, 0.0], counts
     layer.close_window(True)
     check("save / load mid-window")
+
+    # 4. End to end: AccumModel.fit and AccumTrainer.fit (compiled micro-step) under the
+    #    strategy; one window of 3 global micro-batches of 16 (8 per replica), lr = 0.
+    def net(bn, cls=keras.Model, **kwargs):
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((5, 5, 3))
+        h = keras.layers.Conv2D(3, 3, padding="same", use_bias=False)(inp)
+        h = keras.layers.Flatten()(bn(momentum=0.9)(h))
+        return cls(inp, keras.layers.Dense(3, activation="softmax")(h), **kwargs)
+
+    y = rng.integers(0, 3, size=48).astype("int32")
+    x48 = rng.normal(2.0, 3.0, size=(48, 5, 5, 3)).astype("float32")
+    ref = net(keras.layers.BatchNormalization)
+    ref.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy")
+    ref.train_on_batch(x48, y)
+    with strategy.scope():
+        fitted = net(ac.WindowBatchNormalization, ac.AccumModel, accum_steps=3)
+        fitted.compile(keras.optimizers.SGD(0.0), "sparse_categorical_crossentropy")
+        looped = net(ac.WindowBatchNormalization)
+    fitted.fit(x48, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    trainer = ac.AccumTrainer(looped, keras.optimizers.SGD(0.0),
+                              "sparse_categorical_crossentropy", accum_steps=3)
+    trainer.fit(tf.data.Dataset.from_tensor_slices((x48, y)).batch(16), mode="function",
+                verbose=0)
+    layer_ref = ref.layers[2]
+    for label, model in (("AccumModel.fit", fitted), ("AccumTrainer.fit", looped)):
+        layer = model.layers[2]
+        for v, r in ((layer.moving_mean, layer_ref.moving_mean),
+                     (layer.moving_variance, layer_ref.moving_variance)):
+            for part in strategy.experimental_local_results(v.value):
+                err = float(np.max(np.abs(part.numpy() - r.numpy())))
+                assert err < 1e-5, (label, err)
+        print(label, "ok")
     """
 )
 
@@ -413,5 +446,6 @@ def test_window_moments_are_pooled_across_replicas(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    for label in ("replica-context close", "cross-replica close", "save / load mid-window"):
+    for label in ("replica-context close", "cross-replica close", "save / load mid-window",
+                  "AccumModel.fit", "AccumTrainer.fit"):
         assert f"{label} ok" in out.stdout
