@@ -139,6 +139,23 @@ def test_unbuilt_model_without_input_shape_state():
         ac.AccumulationState(2).build(model.trainable_variables)
 
 
+def test_unbuilt_subclassed_accum_model_fit(xy):
+    class UnbuiltAccum(ac.AccumModel):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            self.dense = keras.layers.Dense(3, activation="softmax")
+
+        def call(self, x):
+            return self.dense(x)
+
+    x, y = xy
+    small_mlp(model_cls=ac.AccumModel, accum_steps=2)  # functional use first must not matter
+    model = UnbuiltAccum(accum_steps=2)
+    model.compile(sgd(), LOSS)
+    with pytest.raises(ValueError, match=r"model is not built.*input shape.*model\.build"):
+        model.fit(x, y, batch_size=4, verbose=0)
+
+
 def test_unbuilt_model_is_built_by_the_custom_loop(xy):
     # Not an error for AccumTrainer: it builds the model on the first micro-batch.
     x, y = xy

@@ -12,7 +12,12 @@ What each test would catch is said in its docstring.
 
 from __future__ import annotations
 
+import pytest
 from reliability_scenarios import bitwise_equal, load, weights_of
+
+# The scenario subprocess (shared with test_determinism.py) takes ~45 s of CPU: deselected by
+# `-k "not slow"`, always run by CI (`pytest tests`).
+pytestmark = pytest.mark.slow
 
 
 def _check_interrupted(info: dict) -> None:
