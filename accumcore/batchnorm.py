@@ -269,31 +269,38 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
     def window_moments(self) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """The pending window's pooled ``(count, mean, M2)`` over all replicas.
 
-        In a replica context (inside ``strategy.run``, or no strategy) the replica-local
-        moments are combined with two all-reduces (count and count-weighted mean, then the M2
-        about the global mean: exact, no sum of squares); in a cross-replica context the
-        per-replica components are combined directly. Shapes: ``()``, ``(C,)``, ``(C,)``.
+        Two passes, exact and without a sum of squares: the count and the count-weighted mean
+        are summed over replicas, then each replica's M2 about that global mean. In a replica
+        context (inside ``strategy.run``, or no strategy) the sums are all-reduces; in a
+        cross-replica context (where accumcore closes windows under a strategy) they are
+        ``strategy.run`` + ``strategy.reduce``, so they span every worker's replicas.
+        Shapes: ``()``, ``(C,)``, ``(C,)``.
         """
         self._check_built()
+        sum_op = tf.distribute.ReduceOp.SUM
+
+        def local() -> tuple[tf.Tensor, tf.Tensor]:
+            n = self._window_count.read_value()
+            return n, n * self._window_mean.read_value()
+
+        def spread(pooled: tf.Tensor) -> tf.Tensor:
+            n = self._window_count.read_value()
+            deviation = self._window_mean.read_value() - pooled
+            return self._window_m2.read_value() + n * tf.square(deviation)
+
         if self._in_replica_context():
             ctx = tf.distribute.get_replica_context()
-            n = self._window_count.read_value()
-            mean = self._window_mean.read_value()
-            m2 = self._window_m2.read_value()
             if ctx.num_replicas_in_sync == 1:
-                return n, mean, m2
-            total, weighted = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [n, n * mean])
+                n = self._window_count.read_value()
+                return n, self._window_mean.read_value(), self._window_m2.read_value()
+            total, weighted = ctx.all_reduce(sum_op, list(local()))
             pooled = tf.math.divide_no_nan(weighted, total)
-            spread = m2 + n * tf.square(mean - pooled)
-            return total, pooled, ctx.all_reduce(tf.distribute.ReduceOp.SUM, spread)
-        n = tf.zeros(())
-        mean = tf.zeros(self._window_mean.shape)
-        m2 = tf.zeros(self._window_m2.shape)
-        for count_v, mean_v, m2_v in self._components():
-            n, mean, m2 = _chan_combine(
-                n, mean, m2, count_v.read_value(), mean_v.read_value(), m2_v.read_value()
-            )
-        return n, mean, m2
+            return total, pooled, ctx.all_reduce(sum_op, spread(pooled))
+        strategy = self._window_strategy
+        total, weighted = (strategy.reduce(sum_op, v, axis=None) for v in strategy.run(local))
+        pooled = tf.math.divide_no_nan(weighted, total)
+        m2 = strategy.reduce(sum_op, strategy.run(spread, args=(pooled,)), axis=None)
+        return total, pooled, m2
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph needed
     def close_window(self, applied: bool = True) -> None:
