@@ -11,9 +11,11 @@ runs every scenario and writes ``OUT_DIR/<name>.npz`` (weights and numbers) or
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +43,7 @@ class Interrupt(Exception):
 def results() -> Path:
     """Run every scenario once (in a subprocess) and return the directory of results."""
     out = Path(tempfile.mkdtemp(prefix="accumcore-reliability-"))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), str(out)],
@@ -540,6 +543,8 @@ def main(out: str) -> None:
         except Exception:  # noqa: BLE001 - reported to the test that reads this scenario
             (out_dir / f"{name}.error").write_text(traceback.format_exc())
             continue
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         result["info"]["cpu_seconds"] = round(time.process_time() - start, 2)
         arrays = {f"{run}/{i}": w for run, ws in result["runs"].items() for i, w in enumerate(ws)}
         np.savez(out_dir / f"{name}.npz", __info__=json.dumps(result["info"]), **arrays)
