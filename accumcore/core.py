@@ -35,7 +35,8 @@ def micro_batch_weight(
       ``sum_over_batch_size`` reduction, which divides by the number of loss elements (with or
       without sample weights), as long as every sample has the same number of loss elements.
     * ``"sample_weight"``: the sum of the sample weights (the number of samples when there are
-      none); exact for losses normalised by the weight sum (``reduction="mean_with_sample_weight"``).
+      none); exact for losses normalised by the weight sum
+      (``reduction="mean_with_sample_weight"``).
     * a callable ``f(x, y, sample_weight) -> scalar``: e.g. the number of valid tokens, for a
       loss that is the mean over those tokens.
     """

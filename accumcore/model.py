@@ -14,6 +14,7 @@ applied every ``accum_steps`` micro-batches. Use it functionally or by subclassi
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,8 @@ from accumcore.config import (
 from accumcore.core import batch_size_of, replica_loss_factor, summed_loss_gradients
 from accumcore.distribute import is_loss_scale_optimizer
 from accumcore.state import AccumulationState
+
+logger = logging.getLogger("accumcore")
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
 
@@ -72,12 +75,30 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self.model.end_window_of_epoch(epoch)
 
 
+def _functional_model_class() -> type:
+    """Keras's functional-model class, found through the public API."""
+    x = keras.Input((1,))
+    return type(keras.Model(x, x))
+
+
+_FUNCTIONAL = _functional_model_class()
+_FUNCTIONAL_VARIANTS: dict[type, type] = {}
+
+
+def _is_functional_call(args: tuple, kwargs: dict) -> bool:
+    """Same rule as Keras: ``(inputs, outputs)`` positionally or by keyword."""
+    return len(args) == 2 or (len(args) == 1 and "outputs" in kwargs) or (
+        "inputs" in kwargs and "outputs" in kwargs
+    )
+
+
 @keras.saving.register_keras_serializable(package="accumcore")
 class AccumModel(keras.Model):
     """A ``keras.Model`` whose ``fit`` accumulates ``accum_steps`` micro-batches per update.
 
     Args:
-        *args, **kwargs: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
+        *args: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
+        **kwargs: as for ``keras.Model`` (e.g. ``name``).
         accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
             is the micro-batch size b; the effective batch is K * b).
         end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
@@ -90,6 +111,24 @@ class AccumModel(keras.Model):
     tracked by ``tf.train.Checkpoint(model=model)``.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # Called functionally, Keras would rewrite this class's bases to include Functional,
+        # permanently, which breaks later *subclassing* of AccumModel in the same process. Build
+        # the functional form as a separate subclass (cls + Functional) instead.
+        if _is_functional_call(args, kwargs) and not issubclass(cls, _FUNCTIONAL):
+            if cls not in _FUNCTIONAL_VARIANTS:
+                variant = type(
+                    cls.__name__, (cls, _FUNCTIONAL),
+                    {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
+                )
+                registered = keras.saving.get_registered_name(cls)
+                if ">" in registered:  # saved and loaded under the class's registered name
+                    package, name = registered.split(">", 1)
+                    keras.saving.register_keras_serializable(package, name)(variant)
+                _FUNCTIONAL_VARIANTS[cls] = variant
+            cls = _FUNCTIONAL_VARIANTS[cls]
+        return super().__new__(cls, *args, **kwargs)
+
     def __init__(
         self,
         *args: Any,
@@ -99,7 +138,13 @@ class AccumModel(keras.Model):
         normalizer: str | Callable = "samples",
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        if isinstance(self, _FUNCTIONAL):
+            # What keras.Model.__init__ does for functional arguments, minus rewriting the class
+            # hierarchy: the trainer's own state, then the functional graph.
+            super(keras.Model, self).__init__()
+            _FUNCTIONAL.__init__(self, *args, **kwargs)
+        else:
+            super().__init__(*args, **kwargs)
         self.accum_steps = check_accum_steps(accum_steps)
         self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
         self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
@@ -255,9 +300,9 @@ class AccumModel(keras.Model):
             self.flush_window()
         elif self.end_of_epoch == "drop":
             samples = int(self.accumulation.window_samples.numpy())
-            keras.utils.io_utils.print_msg(
-                f"accumcore: end_of_epoch='drop' discarded a partial window of {samples} "
-                f"samples at the end of epoch {epoch}."
+            logger.warning(
+                "end_of_epoch='drop': discarding a partial window of %d samples at the end of "
+                "epoch %s.", samples, epoch,
             )
             self.accumulation.drop_window()
 

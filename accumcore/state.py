@@ -110,7 +110,9 @@ class AccumulationState(tf.Module):
         sum_agg = dict(aggregation=tf.VariableAggregation.SUM) if on_read else {}
         first = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA) if on_read else {}
         with tf.init_scope():
-            self.accumulators = [
+            # Extend the tracked list in place (not re-assign it) so that a checkpoint read
+            # before the state was built restores the accumulators when they are created.
+            self.accumulators.extend([
                 tf.Variable(
                     tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
                     trainable=False,
@@ -119,7 +121,7 @@ class AccumulationState(tf.Module):
                     **sum_agg,
                 )
                 for i, v in enumerate(variables)
-            ]
+            ])
             self.window_weight = tf.Variable(
                 0.0, trainable=False, name="window_weight", **sync, **sum_agg
             )
