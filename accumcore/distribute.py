@@ -248,14 +248,7 @@ def _finish(state, applied: tf.Tensor) -> tf.Tensor:
     def skipped() -> tf.Tensor:
         for part in _components(state, state.windows_skipped):
             part.assign_add(tf.ones((), part.dtype))
-        for dropped, pending in zip(
-            _components(state, state.samples_dropped),
-            _components(state, state.window_samples),
-            strict=True,
-        ):
-            dropped.assign_add(pending.read_value())
-        state._run_hooks(False)
-        reset_components(state)
+        drop_window(state)  # count the samples as dropped, run the hooks, empty the window
         return tf.constant(False)
 
     return tf.cond(applied, done, skipped)
