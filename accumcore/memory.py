@@ -1,0 +1,281 @@
+"""Find the largest micro-batch that fits on the device, and the K that reaches a target batch.
+
+The search assumes that "fits" is monotone in the micro-batch size b (if b fits, every smaller
+b fits). It probes by doubling from ``start`` until a size does not fit (or ``limit`` is
+reached), then bisects between the last size that fitted and the first that did not. With
+``multiple_of=m`` only multiples of m are probed (e.g. 8 for tensor-core friendly shapes), which
+also shortens the search. Each probe that runs out of memory costs real time on a GPU (TensorFlow's
+allocator retries for a while before it raises), so the number of probes is kept logarithmic:
+about ``log2(b_max / start)`` doublings plus ``log2(b_max / multiple_of)`` bisection steps.
+
+The search logic (:func:`largest_fitting`) takes any predicate ``fits(b) -> bool``, so it is
+tested on CPU with an injected predicate; :func:`oom_probe` turns a training step into such a
+predicate by catching ``tf.errors.ResourceExhaustedError``, and :func:`plan_accumulation` puts the
+two together::
+
+    plan = plan_accumulation(oom_probe(make_step(model)), target_batch_size=4096)
+    model = AccumModel(inputs, outputs, accum_steps=plan.accum_steps)
+    model.fit(x, y, batch_size=plan.micro_batch_size)
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from accumcore.config import check_accum_steps
+
+
+@dataclass
+class MicroBatchPlan:
+    """Result of :func:`plan_accumulation`.
+
+    Attributes:
+        target_batch_size: B, the samples per optimizer update that were asked for.
+        max_micro_batch: the largest micro-batch size (samples) that fitted, at most B.
+        accum_steps: K, the fewest micro-batches that reach B with micro-batches that fit: with
+            ``exact=True`` (default) the smallest divisor of B that is >= B / max_micro_batch,
+            else ceil(B / max_micro_batch).
+        micro_batch_size: b <= max_micro_batch, the micro-batch to train with: B / K when
+            exact, else ceil(B / K) (B spread evenly: B = 1000 with 300 fitting gives 4 x 250,
+            not 3 x 300 + 100).
+        effective_batch_size: K * b, samples per update: B when exact; otherwise at most K - 1
+            samples more than B (or use ``window_step`` on batches of exactly B, whose last
+            micro-batch is then smaller).
+        probes: every probe in the order it ran, as ``(micro_batch_size, fitted)``.
+    """
+
+    target_batch_size: int
+    max_micro_batch: int
+    accum_steps: int
+    micro_batch_size: int
+    effective_batch_size: int
+    probes: list[tuple[int, bool]] = field(default_factory=list)
+
+
+def largest_fitting(
+    fits: Callable[[int], bool],
+    *,
+    start: int = 1,
+    limit: int | None = None,
+    multiple_of: int = 1,
+    probes: list[tuple[int, bool]] | None = None,
+) -> int:
+    """The largest micro-batch size b in ``[start, limit]`` with ``fits(b)`` true.
+
+    Doubles from ``start`` while ``fits`` holds, then bisects between the last size that fitted
+    and the first that did not. Only multiples of ``multiple_of`` are probed (``start`` and
+    ``limit`` are rounded to them: ``start`` up, ``limit`` down).
+
+    Args:
+        fits: predicate ``fits(b) -> bool``, True when a training step with micro-batch b
+            (samples) fits in device memory. Assumed monotone (fits(b) implies fits(b') for
+            b' < b); called at most ``log2(result / start) + log2(result / multiple_of) + 3``
+            times (doubling, then bisection of the last doubling interval).
+        start: the first size probed (samples, >= 1).
+        limit: the largest size worth probing (samples), e.g. the target batch B; ``None`` for
+            no limit (doubling then stops only at the first failure).
+        multiple_of: probe only multiples of this many samples (>= 1).
+        probes: optional list that receives every ``(b, fitted)`` pair, in order.
+
+    Returns:
+        The largest b that fitted.
+
+    Raises:
+        ValueError: bad arguments, or even ``start`` does not fit (then no micro-batch size in
+            the range fits: make the model or the inputs smaller, or use a device with more
+            memory).
+    """
+    step = check_accum_steps(multiple_of, "multiple_of")
+    start = check_accum_steps(start, "start")
+    start = -(-start // step) * step
+    if limit is not None:
+        limit = check_accum_steps(limit, "limit")
+        limit = (limit // step) * step
+        if limit < start:
+            raise ValueError(
+                f"`limit` ({limit} after rounding down to a multiple of {step}) is below "
+                f"`start` ({start}): pass limit >= start."
+            )
+    seen = probes if probes is not None else []
+
+    def probe(b: int) -> bool:
+        ok = bool(fits(b))
+        seen.append((b, ok))
+        return ok
+
+    if not probe(start):
+        raise ValueError(
+            f"Even the smallest micro-batch probed (start={start} samples) does not fit in device "
+            "memory: reduce the model or input size, or use a device with more memory."
+        )
+    good = start  # largest size known to fit
+    bad: int | None = None  # smallest size known not to fit (or None: not found yet)
+    # 1. doubling
+    while limit is None or good < limit:
+        nxt = good * 2 if limit is None else min(good * 2, limit)
+        if probe(nxt):
+            good = nxt
+        else:
+            bad = nxt
+            break
+    if bad is None:
+        return good  # reached the limit
+    # 2. bisection on multiples of `step` strictly between good and bad
+    while bad - good > step:
+        mid = ((good + bad) // 2 // step) * step
+        if mid <= good:
+            mid = good + step
+        if probe(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def accum_steps_for(
+    target_batch_size: int, max_micro_batch: int, *, exact: bool = True
+) -> tuple[int, int]:
+    """``(K, b)``: the fewest micro-batches K of at most ``max_micro_batch`` samples reaching B.
+
+    Args:
+        target_batch_size: B, samples per optimizer update.
+        max_micro_batch: the largest micro-batch that fits (samples).
+        exact: if True (default), K divides B and b = B / K, so every update sees exactly B
+            samples (K is the smallest divisor of B with B / K <= max_micro_batch); if False,
+            K = ceil(B / max_micro_batch) and b = ceil(B / K) (fewer micro-batches; K * b may
+            exceed B by up to K - 1 samples).
+
+    Example:
+        >>> accum_steps_for(4096, 320)
+        (16, 256)
+        >>> accum_steps_for(4096, 320, exact=False)
+        (13, 316)
+    """
+    big = check_accum_steps(target_batch_size, "target_batch_size")
+    small = check_accum_steps(max_micro_batch, "max_micro_batch")
+    k = math.ceil(big / small) if small < big else 1
+    if exact:
+        while big % k:
+            k += 1  # terminates at k = B at the latest
+        return k, big // k
+    return k, math.ceil(big / k)
+
+
+def plan_accumulation(
+    fits: Callable[[int], bool],
+    target_batch_size: int,
+    *,
+    start: int = 1,
+    multiple_of: int = 1,
+    exact: bool = True,
+) -> MicroBatchPlan:
+    """Find the largest micro-batch (at most B) that fits and the K that reaches B with it.
+
+    Args:
+        fits: predicate ``fits(b) -> bool`` (see :func:`largest_fitting` and :func:`oom_probe`).
+        target_batch_size: B, the samples per optimizer update you want.
+        start: first micro-batch size probed (samples).
+        multiple_of: probe only multiples of this (samples).
+        exact: make K divide B, so that each update sees exactly B samples (see
+            :func:`accum_steps_for`).
+
+    Returns:
+        A :class:`MicroBatchPlan`.
+    """
+    big = check_accum_steps(target_batch_size, "target_batch_size")
+    probes: list[tuple[int, bool]] = []
+    limit = max(big, -(-start // multiple_of) * multiple_of)
+    best = largest_fitting(fits, start=start, limit=limit, multiple_of=multiple_of,
+                           probes=probes)
+    k, b = accum_steps_for(big, min(best, big), exact=exact)
+    return MicroBatchPlan(big, best, k, b, k * b, probes)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """True for TensorFlow's out-of-memory errors (``ResourceExhaustedError``, also from XLA)."""
+    import tensorflow as tf
+
+    return isinstance(err, tf.errors.ResourceExhaustedError)
+
+
+def oom_probe(
+    step_at: Callable[[int], Any], *, cleanup: Callable[[], None] | None = None
+) -> Callable[[int], bool]:
+    """Turn ``step_at(b)`` (one training step at micro-batch b) into a ``fits(b)`` predicate.
+
+    ``fits(b)`` runs ``step_at(b)`` and returns True, or False when it raises
+    ``tf.errors.ResourceExhaustedError``; any other error propagates. After each probe it runs
+    ``gc.collect()`` and ``cleanup`` (if given) so the next probe starts from freed memory.
+
+    Args:
+        step_at: runs one complete step at micro-batch size b (samples), including whatever
+            synchronisation makes the allocation happen (e.g. ``float(loss)``).
+        cleanup: optional extra clean-up after each probe.
+    """
+
+    def fits(b: int) -> bool:
+        try:
+            step_at(b)
+            return True
+        except Exception as err:  # noqa: BLE001 - only OOM is swallowed
+            if is_out_of_memory(err):
+                return False
+            raise
+        finally:
+            gc.collect()
+            if cleanup is not None:
+                cleanup()
+
+    return fits
+
+
+def gradient_step_probe(
+    model: Any,
+    loss: Any,
+    input_shape: tuple[int, ...],
+    *,
+    classes: int = 10,
+    jit_compile: bool = False,
+) -> Callable[[int], float]:
+    """``step_at(b)`` for :func:`oom_probe`: one forward + backward pass at micro-batch b.
+
+    The step is what one accumcore micro-batch costs in memory: the activations of b samples and
+    one set of gradients (the accumulators and optimizer slots are allocated once, before; they
+    do not depend on b). Inputs are random, labels are integers in ``[0, classes)``; the step
+    is a ``tf.function`` (retraced per size, since every probe uses a new shape).
+
+    Args:
+        model: a built Keras model.
+        loss: a Keras loss (instance, name or callable) for sparse integer labels.
+        input_shape: one sample's shape, e.g. ``(28, 28, 1)``.
+        classes: number of label values.
+        jit_compile: compile the step with XLA (as the training step will be).
+
+    Returns:
+        ``step_at(b) -> float`` (the loss; reading it forces the computation).
+    """
+    import tensorflow as tf
+
+    from accumcore.core import as_loss_fn
+
+    loss_fn = as_loss_fn(loss)  # a reducing Keras loss: the mean over the micro-batch
+
+    @tf.function(jit_compile=jit_compile)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(value, model.trainable_variables)
+        # Return a reduction of every gradient so that no part of the backward pass is pruned.
+        return value, tf.add_n([tf.reduce_sum(g) for g in grads if g is not None])
+
+    def step_at(b: int) -> float:
+        x = tf.random.uniform((b, *input_shape))
+        y = tf.random.uniform((b,), maxval=classes, dtype=tf.int32)
+        value, _ = step(x, y)
+        return float(value)
+
+    return step_at
