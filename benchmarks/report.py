@@ -1,0 +1,454 @@
+"""Write the Markdown report and the PNG plots from ``results.json`` files (no measuring).
+
+``python benchmarks/run.py --report`` regenerates ``benchmarks/RESULTS.md`` and every plot
+from the committed JSON; :func:`write_report` is the function behind it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from accumcore import benchmarking as bm
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+TOP_REPORT = os.path.join(HERE, "RESULTS.md")
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}"
+
+
+def _mib(value: float | None) -> str:
+    return "—" if value is None else f"{value / 2**20:.1f}"
+
+
+def write_plots(results: dict[str, Any], out_dir: str) -> list[str]:
+    """Save ``throughput_<model>.png``, ``ratios.png`` and ``memory.png``; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+
+    def save(name: str, draw, figsize: tuple[float, float]) -> None:
+        fig, ax = plt.subplots(figsize=figsize)
+        draw(ax)
+        fig.tight_layout()
+        path = os.path.join(out_dir, name)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    models = list(dict.fromkeys(r["model"] for r in results["throughput"]))
+    for model in models:
+        save(f"throughput_{model}.png", lambda ax, m=model: bm.plot_throughput(results, m, ax),
+             (11, 5.5))
+    if results["throughput"]:
+        save("ratios.png", lambda ax: bm.plot_ratios(results, ax), (10, 5))
+    if bm.memory_table(results):
+        save("memory.png", lambda ax: bm.plot_memory(results, ax), (8, 5))
+    return paths
+
+
+def _machine_section(results: dict[str, Any]) -> list[str]:
+    m = results["machine"]
+    s = results["settings"]
+    gpus = ", ".join(g.get("device_name", g["name"]) for g in m.get("gpus", [])) or "none"
+    load = m.get("load_average") or []
+    load_end = m.get("load_average_end") or []
+    return [
+        "| | |", "|---|---|",
+        f"| device measured | `{results['device']}` |",
+        f"| CPU | {m.get('cpu_model')} ({m.get('cpus_usable')} usable of {m.get('cpu_count')} "
+        "cores) |",
+        f"| memory | {m.get('memory_gib')} GiB |",
+        f"| GPUs | {gpus} |",
+        f"| software | Python {m['python']}, TensorFlow {m['tensorflow']}, Keras {m['keras']}, "
+        f"NumPy {m['numpy']}, accumcore {m['accumcore']} |",
+        f"| platform | {m['platform']} |",
+        f"| load average (1, 5, 15 min) at start / end | "
+        f"{', '.join(f'{v:.1f}' for v in load)} / {', '.join(f'{v:.1f}' for v in load_end)} |",
+        f"| run | {results['created']}, {results.get('duration_s', 0) / 60:.1f} min, "
+        f"{'quick (smoke test)' if s['quick'] else 'full'} mode, data: {s['data']} |",
+        f"| throughput settings | models {', '.join(s['models'])}; b ∈ {s['micro_batches']}; "
+        f"K ∈ {s['accum_steps']}; median of {s['repeats']} interleaved repeats; "
+        f"steps_per_execution={s['steps_per_execution']}; conv filters {s['conv_filters']}; "
+        "Adam(1e-3) |",
+        f"| memory settings | conv net filters {s['memory_filters']}, b={s['memory_micro_batch']},"
+        f" K ∈ {s['memory_accum_steps']}, one fresh subprocess each |",
+    ]
+
+
+def _targets_section(results: dict[str, Any]) -> list[str]:
+    rows = bm.evaluate_targets(results)
+    judged = [r for r in rows if r["met"] is not None]
+    met = sum(1 for r in judged if r["met"])
+    lines = [f"**{met} of {len(judged)} checks met.**", "",
+             "| target | cell / method | value | threshold | met | note |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["met"] is None:
+            verdict = "(reported)"
+        elif r["met"]:
+            verdict = "yes"
+        else:
+            t, v = r["threshold"], r["value"]
+            higher_is_better = "vs" in r["target"] or "fit" in r["target"]
+            gap = (1 - v / t) if higher_is_better else (v / t - 1)
+            verdict = f"**no** (missed by {100 * gap:.1f} %)"
+        digits = 0 if "traces" in r["target"] else 3
+        lines.append(f"| {r['target']} | {r['cell']} | {_fmt(r['value'], digits)} | "
+                     f"{_fmt(r['threshold'], digits) if r['threshold'] is not None else '—'} | "
+                     f"{verdict} | {r['note']} |")
+    return lines
+
+
+def _throughput_section(results: dict[str, Any], plot_prefix: str) -> list[str]:
+    lines: list[str] = []
+    for model in dict.fromkeys(r["model"] for r in results["throughput"]):
+        headers, rows = bm.throughput_table(results, model)
+        lines += [f"#### {model}", "", bm.markdown_table(headers, rows)]
+        lines += ["", f"![throughput {model}]({plot_prefix}throughput_{model}.png)", ""]
+        errors = [r for r in results["throughput"] if r["model"] == model and r.get("error")]
+        for r in errors:
+            lines.append(f"- `{r['config']}` (b={r['micro_batch']}, K={r['accum_steps']}) "
+                         f"failed: {r['error']}")
+        reasons = dict.fromkeys(r["skipped"] for r in results["throughput"]
+                                if r["model"] == model and r.get("skipped"))
+        for reason in reasons:
+            configs = sorted({r["config"] for r in results["throughput"]
+                              if r["model"] == model and r.get("skipped") == reason})
+            lines.append(f"- skipped {', '.join(f'`{c}`' for c in configs)}: {reason}.")
+        if errors or reasons:
+            lines.append("")
+    lines += ["#### Ratios", "",
+              "| cell | (4)/(3) | best of (5)/(6) | its / floor (8) | each compiled / its floor "
+              "| best accumcore | / plain fit at B (2) | (2)/(1) | floor split / unsplit |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for row in bm.throughput_ratios(results):
+        per = ", ".join(f"{c} {_fmt(v)}" for c, v in row["per_floor"].items())
+        lines.append(
+            f"| {row['model']} b={row['micro_batch']} K={row['accum_steps']} | "
+            f"{_fmt(row['fit_vs_keras'])} | {row['best_compiled']} | {_fmt(row['vs_floor'])} | "
+            f"{per} | {row['best_accum']} | {_fmt(row['vs_large_batch'])} | "
+            f"{_fmt(row['large_vs_small'])} | {_fmt(row['split_price'])} |")
+    lines += ["", f"![ratios]({plot_prefix}ratios.png)", ""]
+    return lines
+
+
+def _breakdown_section(results: dict[str, Any]) -> list[str]:
+    recs = results.get("breakdown") or []
+    if not recs:
+        return ["(not measured)"]
+    lines = [
+        "Where the time of an accumulated micro-batch goes: each variant adds one ingredient "
+        "of accumulation to the one before, all as a whole epoch in one `tf.function` (like "
+        "`mode=\"graph\"` and the floor (8)). `optimizer` is the leanest exact accumulation "
+        "one can write (no checks, no counters); from it to `accumcore` is accumcore's own "
+        "bookkeeping (micro-batch weights, NaN/Inf checks, counters, window hooks, "
+        "per-micro-batch loss records).", "",
+        "| model | variant | samples/s | ms per micro-batch | added ms |",
+        "|---|---|---|---|---|"]
+    for model in dict.fromkeys(r["model"] for r in recs):
+        prev = None
+        for r in (r for r in recs if r["model"] == model):
+            ms = r.get("ms_per_micro_batch")
+            added = "" if prev is None or ms is None or r["variant"] == "adam_each" \
+                else f"{ms - prev:+.3f}"
+            lines.append(f"| {model} b={r['micro_batch']} K={r['accum_steps']} | "
+                         f"{r['label']} | {_rate(r['median'])} | {_fmt(ms, 3)} | {added} |")
+            if r["variant"] != "adam_each":
+                prev = ms
+    return lines
+
+
+def _memory_section(results: dict[str, Any], plot_prefix: str) -> list[str]:
+    table = bm.memory_table(results)
+    if not table:
+        return ["(not measured)"]
+    ks = sorted({k for peaks in table.values() for k in peaks})
+    weights = next((r["weights_bytes"] for r in results["memory"] if r.get("weights_bytes")),
+                   None)
+    budget = bm.memory_budget(results)
+    b = results["memory"][0]["micro_batch"]
+    lines = [f"Peak allocator memory in MiB (`get_memory_info('{results['device']}')['peak']`)"
+             f", micro-batch b={b}; plain trains one batch of K·b. One copy of the trainable "
+             f"weights: {_mib(weights)} MiB; target for accumulation: ≤ {_mib(budget)} MiB "
+             "(1.05 × (plain b + weights)).", "",
+             "| method | " + " | ".join(f"K={k}" for k in ks) + " |",
+             "|---|" + "---|" * len(ks)]
+    for method, peaks in table.items():
+        lines.append(f"| {bm.MEMORY_METHODS.get(method, method)} | "
+                     + " | ".join(_mib(peaks.get(k)) for k in ks) + " |")
+    for r in results["memory"]:
+        if r.get("error"):
+            lines.append(f"\n- {r['method']} K={r['accum_steps']} failed: {r['error']}")
+    lines += [
+        "", f"![memory]({plot_prefix}memory.png)", "",
+        "`window_step` receives the whole batch of K·b samples and slices it inside the graph, "
+        "so it holds K·b inputs (3 KiB per MNIST image: 3 MiB at K=16, b=64); the loop and "
+        "`AccumModel` receive one micro-batch at a time. On CPU, TensorFlow's convolution "
+        "kernels allocate scratch buffers of fixed size, so even plain batch b peaks far above "
+        "its activations. Peaks of one configuration can differ by a few MiB from run to run "
+        "(thread scheduling changes which buffers are alive at the same time; window_step at "
+        "K=16 peaked at 67.9 and 71.0 MiB in two runs of the same code during development).", ""]
+    return lines
+
+
+def _tracing_section(results: dict[str, Any]) -> list[str]:
+    if not results["tracing"]:
+        return ["(not measured)"]
+    first = results["tracing"][0]
+    lines = [f"MLP, {first['samples']} samples, micro-batch {first['micro_batch']}, "
+             f"K={first['accum_steps']} (the last micro-batch and the last window are ragged), "
+             "3 epochs.", "",
+             "| compiled function | traces per epoch | total | ≤ 2, none after epoch 1 |",
+             "|---|---|---|---|"]
+    for r in results["tracing"]:
+        lines.append(f"| {r['entry']} | {r['per_epoch']} | {r['total']} | "
+                     f"{'yes' if r['ok'] else '**no**'} |")
+    return lines
+
+
+def _probe_section(results: dict[str, Any]) -> list[str]:
+    p = results.get("probe")
+    if not p:
+        return ["Not run in this mode (the search logic is unit-tested in "
+                "`tests/test_memory.py` with an injected predicate)."]
+    if p.get("error"):
+        return [f"Failed: {p['error']}"]
+    where = (f"the CPU allocator limited to {p['cpu_limit_mb']} MiB "
+             "(`TF_CPU_BFC_MEM_LIMIT_IN_MB`) plays the device memory" if p.get("cpu_limit_mb")
+             else f"the whole memory of `{p['device']}`")
+    probes = ", ".join(f"{b}{'' if ok else ' ✗'}" for b, ok in p["probes"])
+    return [
+        f"`accumcore.memory.plan_accumulation` on the conv net (filters {p['filters']}), "
+        f"{where}: target B={p['target_batch_size']}. Probes in order (✗ = "
+        f"ResourceExhaustedError): {probes}. Largest micro-batch that fits: "
+        f"**{p['max_micro_batch']}**, so K={p['accum_steps']} micro-batches of "
+        f"{p['micro_batch_size']} (effective batch {p['effective_batch_size']}). "
+        f"{len(p['probes'])} probes took {p['wall_seconds']:.0f} s in all (each out-of-memory "
+        "probe waits for TensorFlow's allocator to retry).",
+    ]
+
+
+def _explanation(results: dict[str, Any]) -> list[str]:
+    ratios = bm.throughput_ratios(results)
+    if not ratios:
+        return []
+    targets = bm.evaluate_targets(results)
+
+    def span(key: str) -> str:
+        vals = [r[key] for r in ratios if r[key] is not None]
+        return f"{min(vals):.2f}–{max(vals):.2f}" if vals else "—"
+
+    def met(prefix: str) -> str:
+        judged = [t for t in targets if t["target"].startswith(prefix) and t["met"] is not None]
+        return f"met in {sum(t['met'] for t in judged)} of {len(judged)} cells"
+
+    spreads = sorted(r["spread"] for r in results["throughput"] if r.get("spread") is not None)
+    noise = spreads[len(spreads) // 2] if spreads else None
+    return [
+        "**Reading the ratios.** The typical spread of one configuration's repeats in this run "
+        f"was {_fmt(100 * noise if noise is not None else None, 0)} % of its median (max − min"
+        "): ratios closer to their target than that are within the noise of this machine.",
+        "",
+        f"*(4)/(3)*, `AccumModel.fit` over `fit` with Keras's `gradient_accumulation_steps`, "
+        f"same `steps_per_execution`, ranged over {span('fit_vs_keras')} (target ≥ 1: "
+        f"{met('(4)/(3)')}). Both run one forward+backward pass per `train_step` and add the "
+        "gradients into accumulators. accumcore also computes the micro-batch weight, checks "
+        "every gradient for NaN/Inf, keeps a sample-weighted loss tracker, and its "
+        "`WindowFlushCallback` reads the non-finite flag after every step; in return it is "
+        "exact for ragged windows, where Keras's mean of K micro-batch means is not.",
+        "",
+        f"*Best of (5)/(6) over the floor (8)* ranged over {span('vs_floor')} (target ≥ 0.95: "
+        f"{met('best of (5)/(6)')}). The floor runs the same K forward+backward passes, "
+        "compiled the same way, without adding the gradients into accumulators, without the "
+        "finiteness checks and without the optimizer update once per window; the gap is the "
+        "whole cost of accumulating. Those costs are O(weights) per micro-batch, against "
+        "O(b × weights) for the passes, so they should weigh most on the MLP at b = 16 (few "
+        "operations per weight) and least on the conv net.",
+        "",
+        f"*Best accumcore over plain `fit` at B (2)* ranged over {span('vs_large_batch')}. "
+        "What splitting costs by itself: the bare passes split into K micro-batches "
+        "(`floor_window`) ran at " + span("split_price") + " of the same passes unsplit, one "
+        "pass of B per call (`floor_B`), with no accumulation involved. A small batch gives "
+        "each kernel less parallel work and reuses each weight fewer times, and every "
+        "micro-batch pays the fixed per-step costs (op dispatch, the input pipeline, Python "
+        "calls in the loops) K times per update instead of once. Accumulation is for when B "
+        "does not fit; when it does, the plain large batch is normally faster.",
+    ]
+
+
+def render(result_dirs: Sequence[str], md_dir: str) -> str:
+    """The Markdown report for ``result_dirs`` (each holding a ``results.json``).
+
+    Image links are relative to ``md_dir`` (where the Markdown file is written).
+    """
+    lines = [
+        "# accumcore benchmarks",
+        "",
+        "<!-- Generated by `python benchmarks/run.py` (or `--report`) from results/*/"
+        "results.json; do not edit by hand. -->",
+        "",
+        "Reproduce every figure with one command from the repository root: "
+        "`python benchmarks/run.py` (full suite, writes `benchmarks/results/<cpu|gpu>/` and "
+        "this file), `python benchmarks/run.py --quick --out DIR` (smoke test), "
+        "`python benchmarks/run.py --report` (re-render this file and the plots from the "
+        "JSON), `bash benchmarks/gpu.sh` (the GPU run). Method: docstring of "
+        "`accumcore/benchmarking.py`; discussion: book chapter 7.",
+        "",
+    ]
+    devices = []
+    for d in result_dirs:
+        results = bm.load_results(os.path.join(d, "results.json"))
+        devices.append(results["device"])
+    if not any(dev.upper().startswith("GPU") for dev in devices):
+        lines += [
+            "> **No GPU results yet.** No GPU machine was available when these were measured. "
+            "Absolute times only count on a GPU; the CPU figures below come from a 2-core "
+            "machine shared with other jobs (see the load average), so their absolute values "
+            "are noisy and low. Ratios measured within one run (interleaved) are more "
+            "reliable, and the memory and tracing figures do not depend on the load. Run "
+            "`bash benchmarks/gpu.sh` on a GPU machine to add `results/gpu/`.",
+            "",
+        ]
+    for d in result_dirs:
+        results = bm.load_results(os.path.join(d, "results.json"))
+        name = os.path.basename(os.path.normpath(d))
+        prefix = os.path.relpath(d, md_dir).replace(os.sep, "/") + "/"
+        if prefix == "./":
+            prefix = ""
+        lines += [f"## {name}: `{results['device']}`", "", "### Machine", ""]
+        lines += _machine_section(results) + ["", "### Targets", ""]
+        lines += _targets_section(results) + ["", "### Throughput (samples/s)", "",
+                                               "Median of the interleaved repeats (± half the "
+                                               "range over the repeats, in % of the median).",
+                                               ""]
+        if results["throughput"]:
+            lines += _throughput_section(results, prefix) + _explanation(results) + [""]
+        else:
+            lines += ["(not measured)", ""]
+        lines += ["### Where the time goes", ""] + _breakdown_section(results) + [""]
+        lines += ["### Peak memory", ""] + _memory_section(results, prefix)
+        lines += ["", "### Tracing", ""] + _tracing_section(results)
+        lines += ["", "### Largest micro-batch probe", ""] + _probe_section(results) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write_report(result_dirs: Sequence[str], md_path: str, *, plots: bool = True) -> str:
+    """Render the plots (into each result dir) and the Markdown report; return its path."""
+    result_dirs = [d for d in result_dirs if os.path.isfile(os.path.join(d, "results.json"))]
+    if not result_dirs:
+        raise FileNotFoundError("No results.json found: run `python benchmarks/run.py` first.")
+    if plots:
+        for d in result_dirs:
+            write_plots(bm.load_results(os.path.join(d, "results.json")), d)
+    text = render(result_dirs, os.path.dirname(os.path.abspath(md_path)))
+    with open(md_path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return md_path
+
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_REQUIRED_HEADINGS = ("### Machine", "### Targets", "### Throughput", "### Where the time goes",
+                      "### Peak memory", "### Tracing")
+
+
+def validate_outputs(out_dir: str, *, allow_errors: bool = False) -> list[str]:
+    """Problems with the outputs of one run in ``out_dir`` (an empty list: well-formed).
+
+    Checks that ``results.json`` loads with the current schema and holds positive throughput
+    medians, memory peaks and trace counts for what the settings asked for; that
+    ``RESULTS.md`` has every section and links only to images that exist; and that every
+    PNG is a real, non-trivial PNG image. Never checks a speed.
+    """
+    problems: list[str] = []
+    path = os.path.join(out_dir, "results.json")
+    try:
+        results = bm.load_results(path)
+    except (OSError, ValueError) as err:
+        return [f"results.json: {err}"]
+    s = results["settings"]
+    expected_cells = {(m, b, k) for m in s["models"] for b in s["micro_batches"]
+                      for k in s["accum_steps"]}
+    if results["throughput"]:
+        got_cells = set(bm.throughput_cells(results))
+        if got_cells != expected_cells:
+            problems.append(f"throughput cells {sorted(got_cells)} != settings "
+                            f"{sorted(expected_cells)}")
+        for rec in results["throughput"]:
+            where = f"throughput {rec['model']} b={rec['micro_batch']} {rec['config']}"
+            if rec.get("error"):
+                if not allow_errors:
+                    problems.append(f"{where} failed: {rec['error']}")
+                continue
+            if rec.get("skipped"):
+                continue
+            rates = rec.get("samples_per_s") or []
+            if len(rates) != s["repeats"] or not all(r > 0 and r == r for r in rates):
+                problems.append(f"{where}: expected {s['repeats']} positive rates, got {rates}")
+            if not (rec.get("median") or 0) > 0:
+                problems.append(f"{where}: no positive median")
+    for rec in results["memory"]:
+        if rec.get("error"):
+            if not allow_errors:
+                problems.append(f"memory {rec['method']} K={rec['accum_steps']}: {rec['error']}")
+        elif not (rec.get("peak_bytes") or 0) > 0:
+            problems.append(f"memory {rec['method']} K={rec['accum_steps']}: no positive peak")
+    for rec in results.get("breakdown") or []:
+        if not rec.get("error") and not (rec.get("median") or 0) > 0:
+            problems.append(f"breakdown {rec['model']} {rec['variant']}: no positive median")
+        elif rec.get("error") and not allow_errors:
+            problems.append(f"breakdown {rec['model']} {rec['variant']} failed: {rec['error']}")
+    for rec in results["tracing"]:
+        if not (isinstance(rec.get("total"), int) and len(rec.get("per_epoch", [])) == 3):
+            problems.append(f"tracing {rec.get('entry')}: malformed {rec}")
+    if not isinstance(results.get("targets"), list) or not results["targets"]:
+        problems.append("results.json has no target checks")
+    md = os.path.join(out_dir, "RESULTS.md")
+    try:
+        with open(md, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        problems.append(f"RESULTS.md: {err}")
+        text = ""
+    for heading in _REQUIRED_HEADINGS:
+        if text and heading not in text:
+            problems.append(f"RESULTS.md lacks the section {heading!r}")
+    for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text):
+        if not os.path.isfile(os.path.join(out_dir, link)):
+            problems.append(f"RESULTS.md links to a missing image {link}")
+    pngs = [n for n in os.listdir(out_dir) if n.endswith(".png")]
+    if not pngs:
+        problems.append("no PNG plots written")
+    for name in pngs:
+        with open(os.path.join(out_dir, name), "rb") as f:
+            head = f.read(24)
+        size = os.path.getsize(os.path.join(out_dir, name))
+        if not head.startswith(_PNG_SIGNATURE) or size < 2000:
+            problems.append(f"{name} is not a real PNG plot ({size} bytes)")
+        else:
+            width = int.from_bytes(head[16:20], "big")
+            height = int.from_bytes(head[20:24], "big")
+            if width < 200 or height < 200:
+                problems.append(f"{name} is only {width}x{height} pixels")
+    return problems
+
+
+def default_result_dirs() -> list[str]:
+    """``benchmarks/results/cpu`` then ``gpu`` (then any other), those that exist."""
+    if not os.path.isdir(RESULTS_DIR):
+        return []
+    names = sorted(os.listdir(RESULTS_DIR), key=lambda n: (n != "cpu", n != "gpu", n))
+    return [os.path.join(RESULTS_DIR, n) for n in names
+            if os.path.isfile(os.path.join(RESULTS_DIR, n, "results.json"))]
