@@ -12,4 +12,12 @@ ruff check accumcore tests benchmarks scripts
 echo "== pytest (unit tests)"
 python -m pytest tests -q -p no:cacheprovider
 
+bash scripts/check-book.sh  # book: nbval over book/, clean build with -W -n, browser test
+
+echo "== benchmarks smoke test (quick mode: checks the outputs are well-formed, never a speed)"
+bench_out="$(mktemp -d)"
+python benchmarks/run.py --quick --out "$bench_out"
+python benchmarks/run.py --check "$bench_out"
+rm -rf "$bench_out"
+
 echo "== all checks passed in $(( $(date +%s) - start )) s"
