@@ -22,8 +22,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore.batchnorm import attach_window_layers
 from accumcore import distribute
+from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
     check_choice,
@@ -139,6 +139,7 @@ class AccumTrainer:
         self._micro_fn = None
         self._epoch_fn = None
         self._window_fn = None
+        self._window_ragged_fn = None  # window_step without XLA, for batches K does not divide
         self._flush_fn = None
         self.epoch = 0
 
@@ -285,7 +286,16 @@ class AccumTrainer:
                 "`window_step` needs an empty window, but a partial window is pending from "
                 "micro-batch training: call `trainer.flush()` first."
             )
-        loss = self._window_fn(x, y, sample_weight)
+        window_fn = self._window_fn
+        n = first_leaf(x).shape[0]
+        if self.jit_compile and (n is None or n % self.accum_steps):
+            # XLA clamps an out-of-range slice to its static size, so a smaller last
+            # micro-batch would silently re-read samples of the one before it: run such
+            # ragged windows without XLA (issue 5 found this; tests/test_benchmarks.py).
+            if self._window_ragged_fn is None:
+                self._window_ragged_fn = tf.function(self._window, reduce_retracing=True)
+            window_fn = self._window_ragged_fn
+        loss = window_fn(x, y, sample_weight)
         self.state.raise_if_nonfinite(self.epoch)
         return loss
 
@@ -321,7 +331,10 @@ class AccumTrainer:
         weights = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
         applied = tf.TensorArray(tf.bool, size=0, dynamic_size=True)
         i = 0
-        for batch in dataset:
+        # iter(): autograph turns this into a tf.while_loop over the iterator. `for batch in
+        # dataset` would become `dataset.reduce`, whose body (variable updates, optimizer)
+        # runs about 10-30x slower (benchmarks/RESULTS.md, issue 5).
+        for batch in iter(dataset):
             x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
             loss, weight, did = self._run_micro_step(x, y, sw)
             losses = losses.write(i, loss)
