@@ -614,8 +614,8 @@ def run_throughput(settings: SuiteSettings, progress: Callable[[str], None] = pr
 
 
 # ---------------------------------------------------------------------------- breakdown
-#: The overhead breakdown's variants: each adds one ingredient of accumulation to the one before
-#: (all a whole epoch in one tf.function over ``iter(dataset)``, like ``mode="graph"``).
+#: Variants of the overhead breakdown, each adding one ingredient of accumulation to the one
+#: before (all a whole epoch in one tf.function over ``iter(dataset)``, like ``mode="graph"``).
 BREAKDOWN: dict[str, str] = {
     "floor": "forward+backward only (the floor)",
     "accumulate": "+ assign_add of every gradient into an accumulator",
