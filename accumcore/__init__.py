@@ -36,14 +36,12 @@ _check_tensorflow()
 
 from accumcore.batchnorm import WindowBatchNormalization, convert_batchnorm  # noqa: E402
 from accumcore.config import resolve_accum_steps  # noqa: E402
-from accumcore.data import MNIST, load_mnist  # noqa: E402
 from accumcore.errors import NonFiniteGradientError  # noqa: E402
 from accumcore.loops import AccumTrainer, LoopHistory  # noqa: E402
 from accumcore.model import AccumModel, WindowFlushCallback  # noqa: E402
 from accumcore.state import AccumulationState  # noqa: E402
 
 __all__ = [
-    "MNIST",
     "AccumModel",
     "AccumTrainer",
     "AccumulationState",
@@ -52,6 +50,18 @@ __all__ = [
     "WindowBatchNormalization",
     "WindowFlushCallback",
     "convert_batchnorm",
-    "load_mnist",
     "resolve_accum_steps",
 ]
+
+
+# The MNIST loader moved to the book's lab (accumcore.lab); these names keep working without the
+# library importing the lab up front.
+_MOVED_TO_LAB = {"MNIST": "accumcore.lab.data", "load_mnist": "accumcore.lab.data"}
+
+
+def __getattr__(name: str):
+    if name in _MOVED_TO_LAB:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED_TO_LAB[name]), name)
+    raise AttributeError(f"module 'accumcore' has no attribute {name!r}")

@@ -421,7 +421,7 @@ def statistics_gap(
 ) -> float:
     """``max|s - s_ref| / max|s_ref - s_init|`` over moving statistics (dimensionless).
 
-    The statistics counterpart of :func:`accumcore.experiments.relative_error`: 0 means the
+    The statistics counterpart of :func:`accumcore.lab.experiments.relative_error`: 0 means the
     moving statistics equal the reference's; 1 means an error as large as the reference's whole
     change since ``initial``. Arguments are lists from :func:`moving_statistics`.
     """

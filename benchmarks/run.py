@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402
 
-from accumcore import benchmarking as bm  # noqa: E402
+from accumcore.lab import benchmarking as bm  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -15,7 +15,8 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import accumcore as ac  # noqa: E402
-from accumcore.experiments import get_weights, relative_error  # noqa: E402
+import accumcore.lab.experiments  # noqa: E402,F401
+from accumcore.lab.experiments import get_weights, relative_error  # noqa: E402
 
 # Tolerance for "same update as the large batch" in float32.
 # Justification: accumulation computes sum_i c_i * grad(L_i) / sum_i c_i, the large batch computes
@@ -31,7 +32,7 @@ LOSS = "sparse_categorical_crossentropy"
 
 def small_mlp(seed: int = 0, model_cls: Callable = keras.Model, **kwargs) -> keras.Model:
     """8 -> 16 (tanh) -> 3 (softmax): tiny, so each test case takes well under a second."""
-    return ac.experiments.mlp(8, (16,), 3, seed=seed, model_cls=model_cls, **kwargs)
+    return ac.lab.experiments.mlp(8, (16,), 3, seed=seed, model_cls=model_cls, **kwargs)
 
 
 OPTIMIZERS: dict[str, Callable[[], keras.optimizers.Optimizer]] = {

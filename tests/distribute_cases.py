@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import accumcore as ac  # noqa: E402
-from accumcore.experiments import get_weights, relative_error  # noqa: E402
+import accumcore.lab.experiments  # noqa: E402,F401
+from accumcore.lab.experiments import get_weights, relative_error  # noqa: E402
 
 # Two logical CPUs, before anything initialises TensorFlow's devices (importing accumcore does
 # not). CUDA_VISIBLE_DEVICES="" in the test keeps this on CPUs on a GPU machine too.
@@ -52,7 +53,7 @@ def data(n: int, features: int = 8, classes: int = 3, seed: int = 1):
 
 def small_mlp(seed: int = 0, model_cls=keras.Model, **kwargs) -> keras.Model:
     """8 -> 16 (relu) -> 3 (softmax), identical weights for a given seed."""
-    return ac.experiments.mlp(8, (16,), 3, seed=seed, model_cls=model_cls, **kwargs)
+    return ac.lab.experiments.mlp(8, (16,), 3, seed=seed, model_cls=model_cls, **kwargs)
 
 
 def windows(n: int, micro: int, k: int) -> list[slice]:

@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import accumcore as ac  # noqa: E402
-import accumcore.experiments  # noqa: E402,F401
+import accumcore.lab.experiments  # noqa: E402,F401
 
 N, MICRO, K = 48, 8, 3  # global micro-batches of 8 (4 per worker), windows of 24 samples
 LOSS = "sparse_categorical_crossentropy"
@@ -34,7 +34,7 @@ def data() -> tuple[np.ndarray, np.ndarray]:
 def make_model(model_cls=None, **kwargs):
     import keras
 
-    return ac.experiments.mlp(8, (16,), 3, seed=0, model_cls=model_cls or keras.Model, **kwargs)
+    return ac.lab.experiments.mlp(8, (16,), 3, seed=0, model_cls=model_cls or keras.Model, **kwargs)
 
 
 def make_optimizer():

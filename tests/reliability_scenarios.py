@@ -114,7 +114,7 @@ def _trainer(seed: int = 0, **kwargs):
     import keras
 
     import accumcore as ac
-    from accumcore.experiments import mlp
+    from accumcore.lab.experiments import mlp
 
     model = mlp(8, (16,), 3, seed=seed)
     _script_seed()
@@ -128,7 +128,7 @@ def _accum_model(seed: int = 0, run_eagerly: bool = True, **kwargs):
     import keras
 
     import accumcore as ac
-    from accumcore.experiments import mlp
+    from accumcore.lab.experiments import mlp
 
     model = mlp(8, (16,), 3, seed=seed, model_cls=ac.AccumModel, accum_steps=K, **kwargs)
     _script_seed()
@@ -442,7 +442,7 @@ ENTRY_POINTS = ("eager", "function", "graph", "window_step", "fit", "resumable")
 
 
 def _mnist_subset():
-    from accumcore.data import load_mnist, preprocess
+    from accumcore.lab.data import load_mnist, preprocess
 
     data = load_mnist(verbose=False)
     return preprocess(data.x_train[:DET_N]), data.y_train[:DET_N].astype("int32")

@@ -19,7 +19,7 @@ from conftest import REL_TOL, windows_of
 
 import accumcore as ac
 from accumcore.batchnorm import moving_statistics, statistics_gap, window_layers
-from accumcore.experiments import get_weights, relative_error
+from accumcore.lab.experiments import get_weights, relative_error
 
 # Tolerance for "moving statistics equal large-batch BN's", in units of the reference's change
 # of the statistics (see `statistics_gap`). Justification: the window pools per-micro-batch

@@ -17,7 +17,8 @@ import pytest
 import tensorflow as tf
 
 import accumcore as ac
-from accumcore import benchmarking as bm
+import accumcore.lab.experiments  # noqa: F401
+from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import report  # noqa: E402
@@ -54,7 +55,7 @@ def test_floor_window_does_the_same_passes_as_window_step():
     # The floor must run exactly window_step's K forward+backward passes: its result is the
     # sum over micro-batches of (mean loss + sum of all gradient entries), computed here
     # independently, micro-batch by micro-batch, for a ragged split (10 samples, K=3 -> 4,4,2).
-    model = ac.experiments.mlp(6, (5,), 3, seed=1)
+    model = ac.lab.experiments.mlp(6, (5,), 3, seed=1)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(10, 6)).astype("float32")
     y = rng.integers(0, 3, 10).astype("int32")
@@ -88,16 +89,16 @@ def test_window_step_is_exact_on_a_ragged_batch_with_and_without_xla(jit):
     # Benchmark configuration (6) with jit_compile=True once silently re-read samples: XLA
     # clamped the ragged last slice (10 samples, K=3: 4 + 4 + [6:10] instead of [8:10]),
     # rel ~0.5. Reference: one plain train_on_batch on the same 10 samples.
-    from accumcore.experiments import get_weights, relative_error
+    from accumcore.lab.experiments import get_weights, relative_error
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(10, 6)).astype("float32")
     y = rng.integers(0, 3, 10).astype("int32")
-    ref = ac.experiments.mlp(6, (5,), 3, seed=1)
+    ref = ac.lab.experiments.mlp(6, (5,), 3, seed=1)
     initial = get_weights(ref)
     ref.compile(keras.optimizers.SGD(0.1), bm.LOSS)
     ref.train_on_batch(x, y)
-    model = ac.experiments.mlp(6, (5,), 3, seed=1)
+    model = ac.lab.experiments.mlp(6, (5,), 3, seed=1)
     trainer = ac.AccumTrainer(model, keras.optimizers.SGD(0.1), bm.LOSS, accum_steps=3,
                               jit_compile=jit)
     trainer.window_step(x, y)

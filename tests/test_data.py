@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import accumcore as ac
-from accumcore.data import MNIST_PATH_ENV
+import accumcore.lab.data  # noqa: F401
+from accumcore.lab.data import MNIST_PATH_ENV
 
 SHARED_MNIST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist.npz")
 SHARED_SHA256 = "06af5dfe73b70e3bc1c36439982b18a8d76803db9b544f6fdf838a37fbb01b64"
@@ -76,8 +77,8 @@ def test_offline_fallback_reads_the_real_mnist_and_reports_it(monkeypatch, capsy
 
 def test_preprocess_and_subset():
     images = np.full((3, 28, 28), 255, "uint8")
-    assert ac.data.preprocess(images).shape == (3, 784)
-    assert ac.data.preprocess(images, flatten=False).shape == (3, 28, 28, 1)
-    assert float(ac.data.preprocess(images).max()) == 1.0
+    assert ac.lab.data.preprocess(images).shape == (3, 784)
+    assert ac.lab.data.preprocess(images, flatten=False).shape == (3, 28, 28, 1)
+    assert float(ac.lab.data.preprocess(images).max()) == 1.0
     data = ac.MNIST(images, np.arange(3), images, np.arange(3), source="keras")
-    assert len(ac.data.subset(data, 2, 1).x_train) == 2
+    assert len(ac.lab.data.subset(data, 2, 1).x_train) == 2

@@ -16,7 +16,7 @@ from conftest import (
 )
 
 import accumcore as ac
-from accumcore.experiments import get_weights, relative_error
+from accumcore.lab.experiments import get_weights, relative_error
 
 
 @pytest.mark.parametrize("entry", ENTRIES)

@@ -1,4 +1,4 @@
-"""The book's experiment drivers (chapters 4 and 5) in accumcore.experiments, on synthetic data."""
+"""The book's experiment drivers (chapters 4-5) in accumcore.lab.experiments, synthetic data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from accumcore import experiments as ex
+from accumcore.lab import experiments as ex
 
 # 4 x 16 accumulated and batch 64 differ only by float32 round-off (~1e-7 relative per update);
 # over a few updates the loss curves agree to ~1e-6 nats. 1e-4 leaves margin, and is still 100x

@@ -135,7 +135,7 @@ def test_oom_probe_maps_resource_exhausted_to_false_and_reraises_others():
 
 
 def test_gradient_step_probe_runs_a_real_step():
-    import accumcore.experiments as ex
+    import accumcore.lab.experiments as ex
 
     model = ex.mlp(8, (4,), 3)
     step_at = gradient_step_probe(model, "sparse_categorical_crossentropy", (8,), classes=3)

@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import accumcore as ac  # noqa: E402
-from accumcore.experiments import get_weights, relative_error  # noqa: E402
+from accumcore.lab.experiments import get_weights, relative_error  # noqa: E402
 
 LOSS = "sparse_categorical_crossentropy"
 MICRO, K = 8, 4  # windows of 32 samples

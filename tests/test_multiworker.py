@@ -47,7 +47,7 @@ def free_ports(n: int) -> list[int]:
 
 
 def test_two_workers_match_single_process_large_batch(tmp_path: Path) -> None:
-    from accumcore.experiments import get_weights, relative_error
+    from accumcore.lab.experiments import get_weights, relative_error
 
     ports = free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}

@@ -15,7 +15,7 @@ import tensorflow as tf
 from conftest import LOSS, REL_TOL, small_mlp
 
 import accumcore as ac
-from accumcore.experiments import get_weights, relative_error
+from accumcore.lab.experiments import get_weights, relative_error
 
 MICRO, K, N = 4, 3, 24
 BAD = 1  # index of the poisoned micro-batch (window 0, position 1)

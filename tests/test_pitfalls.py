@@ -1,5 +1,6 @@
-"""accumcore.pitfalls: each broken recipe really is broken, by the amount theory predicts where it
-predicts one, and accumcore (and the hand-written correct loop) is exact on the same problem.
+"""accumcore.lab.pitfalls: each broken recipe really is broken, by the amount theory predicts
+where it predicts one, and accumcore (and the hand-written correct loop) is exact on the
+same problem.
 
 Errors are ``experiments.relative_error`` against the independent large-batch reference
 (``train_on_batch`` on each window's concatenated micro-batches, same initial weights).
@@ -13,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 
-from accumcore import experiments, pitfalls
+from accumcore.lab import experiments, pitfalls
 
 # float32 round-off of one correct accumulated run measures ~1e-7..3e-5 (Adam amplifies the
 # round-off of near-zero gradient entries); every bug below is >= 1e-2.

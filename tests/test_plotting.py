@@ -1,4 +1,4 @@
-"""accumcore.plotting: every figure has a title, axis labels, a legend and palette colours."""
+"""accumcore.lab.plotting: every figure has a title, axis labels, a legend and palette colours."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from accumcore import plotting  # noqa: E402
+from accumcore.lab import plotting  # noqa: E402
 
 PALETTE = {mcolors.to_hex(c) for c in plotting.OKABE_ITO}
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import accumcore as ac
-from accumcore.experiments import get_weights, relative_error
+from accumcore.lab.experiments import get_weights, relative_error
 
 
 @settings(max_examples=12, deadline=None, derandomize=True,

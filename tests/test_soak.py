@@ -19,8 +19,8 @@ import tensorflow as tf
 
 import accumcore as ac
 from accumcore.checkpointing import ResumableLoop
-from accumcore.data import load_mnist, preprocess
-from accumcore.experiments import mlp
+from accumcore.lab.data import load_mnist, preprocess
+from accumcore.lab.experiments import mlp
 
 N, MICRO, K, EPOCHS = 72, 16, 3, 20
 SIZES = [min(MICRO, N - s) for s in range(0, N, MICRO)]  # [16, 16, 16, 16, 8] per epoch

@@ -11,7 +11,7 @@ import tensorflow as tf
 from conftest import LOSS, OPTIMIZERS, REL_TOL, small_mlp
 
 import accumcore as ac
-from accumcore.experiments import get_weights, relative_error
+from accumcore.lab.experiments import get_weights, relative_error
 
 
 class LazyNet(keras.Model):

@@ -31,7 +31,7 @@ Throughput (samples per second; every configuration processes the same in-memory
     pass; that costs one read of the gradients, less than accumulating them.
 
 Peak memory (bytes, ``tf.config.experimental.get_memory_info(device)["peak"]``)
-    Each configuration runs in a fresh subprocess (``python -m accumcore.benchmarking memory``):
+    Each configuration runs in a fresh subprocess (``python -m accumcore.lab.benchmarking memory``):
     plain training at batch K * b against accumulation of K micro-batches of b, for the
     ``window_step`` split, the ``tf.function`` loop and ``AccumModel``'s ``train_step``. The
     stats are reset after one warm-up step (so weights, optimizer slots and accumulators are
@@ -65,7 +65,7 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
-from accumcore import experiments
+from accumcore.lab import experiments
 from accumcore.loops import AccumTrainer
 from accumcore.model import AccumModel
 
@@ -896,7 +896,7 @@ def _child_env(device: str, extra: dict[str, str] | None = None) -> dict[str, st
 
 def _run_child(args: list[str], device: str, tag: str, timeout: float,
                extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "accumcore.benchmarking", *args]
+    cmd = [sys.executable, "-m", "accumcore.lab.benchmarking", *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               env=_child_env(device, extra_env))
@@ -1228,7 +1228,7 @@ def _cell_label(b: int, k: int) -> str:
 
 def plot_throughput(results: dict, model: str, ax=None):
     """Median samples/s of every configuration for ``model``, one bar series per (b, K)."""
-    from accumcore import plotting
+    from accumcore.lab import plotting
 
     groups: dict[str, dict[str, float]] = {}
     for cfg, (num, label) in CONFIGS.items():
@@ -1251,7 +1251,7 @@ def plot_throughput(results: dict, model: str, ax=None):
 
 def plot_ratios(results: dict, ax=None):
     """The target ratios per (model, b, K) cell, with the target lines."""
-    from accumcore import plotting
+    from accumcore.lab import plotting
 
     groups = {}
     for row in throughput_ratios(results):
@@ -1272,7 +1272,7 @@ def plot_ratios(results: dict, ax=None):
 
 def plot_memory(results: dict, ax=None):
     """Peak memory against K: plain batch K*b versus each accumulation method."""
-    from accumcore import plotting
+    from accumcore.lab import plotting
 
     table = memory_table(results)
     if not table:

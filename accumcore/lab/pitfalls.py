@@ -3,8 +3,8 @@
 Every recipe is a function ``recipe(problem) -> keras.Model`` that trains a fresh copy of
 ``problem``'s model on ``problem``'s micro-batches and returns it. :func:`measure` compares the
 result with the independent large-batch reference (plain ``train_on_batch`` on each window's
-concatenated micro-batches, :func:`accumcore.experiments.large_batch_reference`) using
-:func:`accumcore.experiments.relative_error`::
+concatenated micro-batches, :func:`accumcore.lab.experiments.large_batch_reference`) using
+:func:`accumcore.lab.experiments.relative_error`::
 
     rel = max |w - w_ref| / max |w_ref - w_init|
 
@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore.core import as_loss_fn
-from accumcore.experiments import get_weights, large_batch_reference, mlp, relative_error
+from accumcore.lab.experiments import get_weights, large_batch_reference, mlp, relative_error
 from accumcore.loops import AccumTrainer
 
 Batch = tuple  # (x, y) or (x, y, sample_weight)
@@ -48,7 +48,7 @@ class Problem:
     Attributes:
         build_model: ``build_model(model_cls=keras.Model, **kwargs)`` returns a fresh model with
             identical initial weights on every call (seeded), e.g. ``functools.partial(
-            accumcore.experiments.mlp, seed=0)``.
+            accumcore.lab.experiments.mlp, seed=0)``.
         make_optimizer: returns a fresh optimizer (same settings on every call).
         micro_batches: ``(x, y)`` or ``(x, y, sample_weight)`` tuples, in training order.
         accum_steps: K; consecutive groups of K micro-batches form a window (one update); the
@@ -117,7 +117,7 @@ def make_problem(
         sizes: samples per micro-batch, in order; ``sum(sizes) <= n``.
         accum_steps: K.
         make_optimizer: default plain SGD, learning rate 0.1.
-        build_model: default :func:`accumcore.experiments.mlp` with ``hidden`` and ``seed``.
+        build_model: default :func:`accumcore.lab.experiments.mlp` with ``hidden`` and ``seed``.
         hidden: hidden widths of the default MLP.
         seed: weights seed of the default MLP.
         name: a label.
