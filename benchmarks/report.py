@@ -304,8 +304,9 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         "`python benchmarks/run.py` (full suite, writes `benchmarks/results/<cpu|gpu>/` and "
         "this file), `python benchmarks/run.py --quick --out DIR` (smoke test), "
         "`python benchmarks/run.py --report` (re-render this file and the plots from the "
-        "JSON), `bash benchmarks/gpu.sh` (the GPU run). Method: docstring of "
-        "`accumcore/benchmarking.py`; discussion: book chapter 7.",
+        "JSON), `bash benchmarks/gpu.sh` (the GPU run). Method: docstrings of "
+        "`accumcore/lab/benchmarking.py` and `benchmarks/suite.py`; discussion: book "
+        "chapter 7.",
         "",
     ]
     devices = []

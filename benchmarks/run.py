@@ -9,7 +9,8 @@ Usage (from the repository root, with the project's virtual environment):
     python benchmarks/run.py --only memory,tracing --out DIR
     python benchmarks/run.py --check DIR     # exit 1 unless DIR holds well-formed outputs
 
-What is measured and how: see the docstring of ``accumcore/benchmarking.py``.
+What is measured and how: see the docstrings of `accumcore/lab/benchmarking.py` (the
+vocabulary and the analysis) and `benchmarks/suite.py` (the measuring).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402
+import suite  # noqa: E402
 
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
@@ -91,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     }.items() if v is not None}
     if args.no_probe:
         overrides["probe"] = False
-    settings = (bm.SuiteSettings.quick_preset(**overrides) if args.quick
-                else bm.SuiteSettings.full(**overrides))
+    settings = (suite.SuiteSettings.quick_preset(**overrides) if args.quick
+                else suite.SuiteSettings.full(**overrides))
     device = settings.resolved_device()
     out = args.out or os.path.join(report.RESULTS_DIR, "gpu" if device.startswith("GPU")
                                    else "cpu")
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(msg: str) -> None:
         print(f"[{time.perf_counter() - start:6.0f} s] {msg}", flush=True)
 
-    results = bm.run_suite(settings, only=only, progress=progress)
+    results = suite.run_suite(settings, only=only, progress=progress)
     path = os.path.join(out, "results.json")
     if args.merge and os.path.isfile(path):
         results = merge(bm.load_results(path), results, only)

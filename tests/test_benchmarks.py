@@ -22,6 +22,7 @@ from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import report  # noqa: E402
+import suite  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- timing
@@ -29,10 +30,10 @@ def test_interleaved_medians_rotates_order_and_takes_medians():
     calls: list[str] = []
     seconds = {"a": iter([9.0, 1.0, 2.0, 3.0]), "b": iter([9.0, 4.0, 4.0, 8.0])}
 
-    def case(name: str) -> bm.Case:
-        return bm.Case(name, lambda: (calls.append(name), next(seconds[name]))[1], samples=8)
+    def case(name: str) -> suite.Case:
+        return suite.Case(name, lambda: (calls.append(name), next(seconds[name]))[1], samples=8)
 
-    out = bm.interleaved_medians([case("a"), case("b")], repeats=3, warmup=1)
+    out = suite.interleaved_medians([case("a"), case("b")], repeats=3, warmup=1)
     # warm-up (untimed: the 9 s runs), then rounds in rotated order: ab, ba, ab
     assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
     assert out["a"]["seconds"] == [1.0, 2.0, 3.0]
@@ -45,7 +46,7 @@ def test_interleaved_medians_records_a_failing_case_and_goes_on():
     def boom() -> float:
         raise RuntimeError("XLA said no\nmore lines")
 
-    out = bm.interleaved_medians([bm.Case("bad", boom, 1), bm.Case("ok", lambda: 0.5, 1)],
+    out = suite.interleaved_medians([suite.Case("bad", boom, 1), suite.Case("ok", lambda: 0.5, 1)],
                                  repeats=2)
     assert out["bad"]["error"] == "RuntimeError: XLA said no"
     assert out["bad"]["median"] is None and out["ok"]["median"] == pytest.approx(2.0)
@@ -66,14 +67,14 @@ def test_floor_window_does_the_same_passes_as_window_step():
             loss = loss_fn(y[s], model(x[s], training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         expected += float(loss) + sum(float(tf.reduce_sum(g)) for g in grads)
-    floors = bm.floor_functions(model, 3)
+    floors = suite.floor_functions(model, 3)
     assert float(floors["floor_window"](x, y)) == pytest.approx(expected, rel=1e-5)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)  # the same 4, 4, 2 split
     assert float(floors["floor_graph"](ds)) == pytest.approx(expected, rel=1e-5)
     # XLA needs static slice sizes (it clamps a ragged last slice), so the XLA floor is used
     # on whole windows only, as in the suite: 8 samples, K=2 -> 4 + 4.
     expected_even = expected - _pass_value(model, loss_fn, x[8:], y[8:])
-    assert float(bm.floor_functions(model, 2)["floor_window_xla"](x[:8], y[:8])) == \
+    assert float(suite.floor_functions(model, 2)["floor_window_xla"](x[:8], y[:8])) == \
         pytest.approx(expected_even, rel=1e-5)
 
 
@@ -112,24 +113,24 @@ def test_throughput_cases_cover_every_config():
     # Building is cheap (no tracing); running every configuration is the smoke test's job
     # (scripts/test.sh runs benchmarks/run.py --quick), so only two cheap ones run here.
     x, y = bm.benchmark_data("mlp", 64, "synthetic")
-    cases = bm.throughput_cases("mlp", 8, (2, 4), x, y)
+    cases = suite.throughput_cases("mlp", 8, (2, 4), x, y)
     names = {c.name for c in cases}
     assert names == set(bm.K_INDEPENDENT) | {
         f"{c}@K{k}" for c in bm.CONFIGS if c not in bm.K_INDEPENDENT for k in (2, 4)}
     assert all(c.samples == 64 for c in cases)
-    subset = bm.throughput_cases("mlp", 8, (2,), x, y, configs=["window", "floor_window"])
+    subset = suite.throughput_cases("mlp", 8, (2,), x, y, configs=["window", "floor_window"])
     assert [c.name for c in subset] == ["window@K2", "floor_window@K2"]
     assert all(c.run() > 0 for c in subset)
     with pytest.raises(ValueError, match="multiple of B"):
-        bm.throughput_cases("mlp", 8, (3,), x, y)
+        suite.throughput_cases("mlp", 8, (3,), x, y)
     with pytest.raises(ValueError, match="configs"):
-        bm.throughput_cases("mlp", 8, (2,), x, y, configs=["nope"])
+        suite.throughput_cases("mlp", 8, (2,), x, y, configs=["nope"])
 
 
 def test_breakdown_variants_all_run():
     x, y = bm.benchmark_data("mlp", 32, "synthetic")
-    cases = bm.breakdown_cases("mlp", 8, 2, x, y)
-    assert [c.name for c in cases] == list(bm.BREAKDOWN)
+    cases = suite.breakdown_cases("mlp", 8, 2, x, y)
+    assert [c.name for c in cases] == list(suite.BREAKDOWN)
     assert all(c.run() > 0 for c in cases)
 
 
@@ -176,10 +177,10 @@ def fake_results(**changes) -> dict:
                 "samples": 200, "micro_batch": 16, "accum_steps": 4},
                {"entry": "retracer", "per_epoch": [2, 1, 0], "total": 3, "ok": False,
                 "samples": 200, "micro_batch": 16, "accum_steps": 4}]
-    settings = bm.SuiteSettings.quick_preset()
+    settings = suite.SuiteSettings.quick_preset()
     return {
         "schema": bm.SCHEMA_VERSION, "created": "2025-01-01T00:00:00", "device": "CPU:0",
-        "settings": {**bm.asdict(settings), "repeats": 5}, "machine": bm.machine_info(),
+        "settings": {**suite.asdict(settings), "repeats": 5}, "machine": suite.machine_info(),
         "throughput": throughput, "memory": memory, "tracing": tracing, "probe": None,
         "duration_s": 60.0,
     }
@@ -271,11 +272,11 @@ def test_load_results_rejects_other_schemas(tmp_path):
 
 
 def test_settings_presets():
-    quick = bm.SuiteSettings.quick_preset()
-    full = bm.SuiteSettings.full()
+    quick = suite.SuiteSettings.quick_preset()
+    full = suite.SuiteSettings.full()
     assert quick.quick and not full.quick
     assert full.repeats >= 5  # the issue: medians of >= 5 interleaved repeats
     assert set(full.configs) == set(bm.CONFIGS)
     assert full.memory_accum_steps == (1, 2, 4, 8, 16)
     with pytest.raises(ValueError, match="Unknown experiments"):
-        bm.run_suite(quick, only=["speed"])
+        suite.run_suite(quick, only=["speed"])
