@@ -1,4 +1,10 @@
-"""Several replicas (``tf.distribute``) and mixed precision for the accumulation state.
+"""Several replicas (``tf.distribute``): where each step of the window rule runs, and how the
+window is reduced across replicas.
+
+The rule itself (accumulate, advance, close, drop, reset) is written once, in
+:class:`~accumcore.AccumulationState`; a state built under a strategy asks its
+:class:`StrategyReplicas` (:class:`Replicas` for one replica) where each step runs and how the
+window's status is reduced.
 
 Under a strategy every micro-step runs in *replica context* (inside ``strategy.run``): each
 replica adds the gradient of its shard's summed loss ``c_i * L_i`` to its own accumulators
@@ -7,7 +13,7 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 *cross-replica context*, so no ``merge_call`` ever sits inside a replica-context ``cond``
 (TensorFlow refuses that: "merge_call called while defining a new graph").
 
-When the window is full (a ``tf.cond`` in cross-replica context), :func:`close_window` runs:
+When the window is full (a ``tf.cond`` in cross-replica context), the state closes it:
 
 1. every replica reports its status ``[window weight, poisoned, frozen(, non-finite)]``;
 2. **one** batched all-reduce (SUM) gives the global window weight ``W = sum_i c_i`` and flags
@@ -28,13 +34,10 @@ reduced with the status (still one batch of accumcore's), replica 0 passes the g
 gradient and the others zeros: Keras clips the true large-batch gradient and its all-reduce adds
 exact zeros. That costs one more gradient-sized all-reduce per window (see the README).
 
-Mixed precision: with a :class:`keras.optimizers.LossScaleOptimizer` every micro-batch loss is
-multiplied by the current loss scale (:func:`accumcore.core.summed_loss_gradients`), gradients
-are accumulated in float32, and at window close :func:`apply_update` unscales once and checks
-finiteness once. A non-finite window is skipped whole (counted in ``windows_skipped``, its
-samples in ``samples_dropped``), the loss scale is halved and the next window starts from
-zero. The per-micro-batch ``nonfinite`` policy is not applied under loss scaling: overflow is
-what loss scaling expects and handles per window.
+Mixed precision under a strategy: the window's finiteness is one more flag of the status
+reduction (the ``LossScaleOptimizer``'s own cross-replica check would read only the first
+replica's share), the update applies the unscaled gradient with the inner optimizer and the
+loss scale follows ``LossScaleOptimizer``'s rule (:mod:`accumcore.loss_scaling`).
 
 No decision in the compiled step is taken in Python on a tensor value, so the same graph is
 valid for TPUStrategy (untested here: no TPU).
@@ -42,119 +45,28 @@ valid for TPUStrategy (untested here: no TPU).
 
 from __future__ import annotations
 
-import functools
-import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+# Names kept here: the book calls `accumcore.distribute.loss_scale`, model.py imports
+# `is_loss_scale_optimizer` from here.
+from accumcore.loss_scaling import (  # noqa: F401
+    inner_optimizer,
+    is_loss_scale_optimizer,
+    loss_scale,
+)
+
 _SUM = tf.distribute.ReduceOp.SUM
 _CLIP_ATTRIBUTES = ("clipnorm", "clipvalue", "global_clipnorm")
-
-#: Per-state cache of compiled cross-replica functions (flush), keyed by optimizer identity.
-_FUNCTIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-# ---------------------------------------------------------------------------- optimizers
-def is_loss_scale_optimizer(optimizer: Any) -> bool:
-    """True for a :class:`keras.optimizers.LossScaleOptimizer` (dynamic loss scaling)."""
-    return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-
-
-def inner_optimizer(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
-    """The optimizer that updates the variables (the inner one of a LossScaleOptimizer)."""
-    return optimizer.inner_optimizer if is_loss_scale_optimizer(optimizer) else optimizer
 
 
 def optimizer_clips(optimizer: keras.optimizers.Optimizer) -> bool:
     """Whether the (inner) optimizer clips gradients (``clipnorm``/``clipvalue``/global)."""
     inner = inner_optimizer(optimizer)
     return any(getattr(inner, name, None) is not None for name in _CLIP_ATTRIBUTES)
-
-
-def loss_scale(optimizer: keras.optimizers.Optimizer) -> float:
-    """The current loss scale (1.0 without a LossScaleOptimizer); reads a variable."""
-    if not is_loss_scale_optimizer(optimizer):
-        return 1.0
-    if not optimizer.built:
-        return float(optimizer.initial_scale)
-    return float(tf.convert_to_tensor(optimizer.dynamic_scale).numpy())
-
-
-def _all_finite(tensors: Sequence) -> tf.Tensor:
-    """bool scalar: every element of every (dense or IndexedSlices) tensor is finite."""
-    flags = [
-        tf.reduce_all(tf.math.is_finite(t.values if isinstance(t, tf.IndexedSlices) else t))
-        for t in tensors
-        if t is not None
-    ]
-    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
-
-
-def _lower_scale(optimizer: keras.optimizers.LossScaleOptimizer) -> tf.Tensor:
-    """Halve the loss scale and restart the growth counter (as LossScaleOptimizer does)."""
-    optimizer.step_counter.assign(tf.zeros_like(optimizer.step_counter))
-    optimizer.dynamic_scale.assign(optimizer.dynamic_scale * 0.5)
-    return tf.constant(False)
-
-
-def _grow_scale(optimizer: keras.optimizers.LossScaleOptimizer) -> None:
-    """After a finite window: count it; double the scale every ``dynamic_growth_steps``."""
-    counter = optimizer.step_counter
-
-    def upscale() -> tf.Tensor:
-        counter.assign(tf.zeros_like(counter))
-        optimizer.dynamic_scale.assign(optimizer.dynamic_scale * 2.0)
-        return tf.constant(True)
-
-    def increment() -> tf.Tensor:
-        counter.assign_add(tf.ones_like(counter))
-        return tf.constant(False)
-
-    due = tf.equal(
-        tf.convert_to_tensor(counter),
-        tf.cast(optimizer.dynamic_growth_steps - 1, tf.convert_to_tensor(counter).dtype),
-    )
-    tf.cond(due, upscale, increment)
-
-
-def _unscaled(optimizer: keras.optimizers.Optimizer, grads: Sequence) -> list:
-    """``grads / loss_scale`` (the one unscale of a window); unchanged without loss scaling."""
-    if not is_loss_scale_optimizer(optimizer):
-        return list(grads)
-    scale = tf.convert_to_tensor(optimizer.dynamic_scale)
-    return [None if g is None else g / tf.cast(scale, g.dtype) for g in grads]
-
-
-def apply_update(
-    optimizer: keras.optimizers.Optimizer, grads: Sequence, variables: Sequence
-) -> tf.Tensor:
-    """One optimizer update from the window's mean gradients (single replica). Graph-safe.
-
-    Args:
-        optimizer: a Keras optimizer, possibly a ``LossScaleOptimizer``.
-        grads: the window's mean gradients ``sum_i c_i grad(L_i) / sum_i c_i`` (times the loss
-            scale under a LossScaleOptimizer), one per variable, ``None`` allowed.
-        variables: the trainable variables.
-
-    Returns:
-        bool scalar: ``True`` if the update was applied, ``False`` if a loss-scaled window was
-        not finite (then the loss scale was halved and nothing else changed).
-    """
-    if not is_loss_scale_optimizer(optimizer):
-        optimizer.apply(grads, variables)
-        return tf.constant(True)
-    if not optimizer.built:
-        optimizer.build(variables)
-
-    def finite_window() -> tf.Tensor:
-        optimizer.inner_optimizer.apply(_unscaled(optimizer, grads), variables)
-        _grow_scale(optimizer)
-        return tf.constant(True)
-
-    return tf.cond(_all_finite(grads), finite_window, lambda: _lower_scale(optimizer))
 
 
 # ---------------------------------------------------------------------------- contexts
@@ -194,195 +106,108 @@ def combine_local(strategy: tf.distribute.Strategy, loss, weight, applied):
     return tf.math.divide_no_nan(summed, total), total, local_values(strategy, applied)[0]
 
 
-def max_local(state, variable: tf.Variable) -> tuple[int, int]:
-    """``(value, replica index)`` of the largest local component of an int counter."""
-    strategy = state.strategy
-    if strategy is None:
-        return int(variable.numpy()), 0
-    values = [int(v.numpy()) for v in local_values(strategy, variable)]
-    best = max(range(len(values)), key=values.__getitem__)
-    return values[best], best
-
-
-def component(state, variable: tf.Variable, index: int) -> int:
-    """The value of one local replica's component of an int variable (Python side)."""
-    if state.strategy is None:
-        return int(variable.numpy())
-    return int(local_values(state.strategy, variable)[index].numpy())
-
-
-def _require_replica_context(state) -> tf.distribute.ReplicaContext:
-    if not in_replica_context():
-        raise RuntimeError(
-            "This AccumulationState was built under a tf.distribute strategy, so its "
-            "micro-steps must run in replica context: call `state.step(...)` inside "
-            "`strategy.run(fn, args=...)` (AccumTrainer and AccumModel.fit do this)."
-        )
-    return tf.distribute.get_replica_context()
-
-
 # ---------------------------------------------------------------------------- the window
-def _components(state, variable: tf.Variable) -> tuple:
-    return local_values(state.strategy, variable)
+class Replicas:
+    """Where the window rule's steps run and how the window is reduced: one replica.
+
+    Everything runs where it is called and nothing is communicated. :class:`StrategyReplicas`
+    is the same interface under a ``tf.distribute`` strategy.
+    """
+
+    strategy: tf.distribute.Strategy | None = None
+    distributed = False
+
+    def require_replica_context(self) -> None:
+        """Raise unless a micro-step may run here (always may, with one replica)."""
+
+    def parts(self, variable: tf.Variable) -> tuple:
+        """The copies of a state variable that an update here must write."""
+        return (variable,)
+
+    def first(self, value: Any) -> Any:
+        """A reduced (or replicated) value as one tensor, in the decision context."""
+        return value
+
+    def decide(self, fn: Callable[[], tf.Tensor], key: Any = None) -> tf.Tensor:
+        """Run ``fn`` (a window decision) where it may read every replica; ``key`` caches it."""
+        return fn()
+
+    def sum(self, local: Callable[[], list]) -> list:
+        """``local()`` on every replica, summed over the replicas in one batch (the window's
+        one reduction); with one replica, ``local()`` itself."""
+        return local()
+
+    def run(self, fn: Callable[..., tf.Tensor], *args: Any) -> tf.Tensor:
+        """``fn(*args)`` on every replica (in replica context); its first replica's result."""
+        return fn(*args)
+
+    def prereduces(self, optimizer: keras.optimizers.Optimizer) -> bool:
+        """Whether the window's gradient sums travel in its reduction (per-replica clipping)."""
+        return False
+
+    def share(self, total: tf.Tensor) -> tf.Tensor:
+        """This replica's share of a pre-reduced gradient sum: all of it with one replica."""
+        return total
 
 
-def reset_components(state) -> None:
-    """Empty the window on every local replica, in cross-replica context, reading nothing."""
-    window = [*state.accumulators, state.window_weight, state.window_samples, state.micro_step,
-              state.window_poisoned]
-    for variable in window:
-        for part in _components(state, variable):
-            part.assign(tf.zeros(part.shape, part.dtype))
+class StrategyReplicas(Replicas):
+    """:class:`Replicas` under a ``tf.distribute`` strategy (see the module docstring)."""
 
+    distributed = True
 
-def _finish(state, applied: tf.Tensor) -> tf.Tensor:
-    """Cross-replica book-keeping of a closed window: counters, hooks, reset."""
+    def __init__(self, strategy: tf.distribute.Strategy) -> None:
+        self.strategy = strategy
+        self._functions: dict = {}  # compiled cross-replica decisions (a flush from Python)
 
-    def done() -> tf.Tensor:
-        for part in _components(state, state.windows_applied):
-            part.assign_add(tf.ones((), part.dtype))
-        state._run_hooks(True)
-        reset_components(state)
-        return tf.constant(True)
+    def require_replica_context(self) -> None:
+        if not in_replica_context():
+            raise RuntimeError(
+                "This AccumulationState was built under a tf.distribute strategy, so its "
+                "micro-steps must run in replica context: call `state.step(...)` inside "
+                "`strategy.run(fn, args=...)` (AccumTrainer and AccumModel.fit do this)."
+            )
 
-    def skipped() -> tf.Tensor:
-        for part in _components(state, state.windows_skipped):
-            part.assign_add(tf.ones((), part.dtype))
-        drop_window(state)  # count the samples as dropped, run the hooks, empty the window
-        return tf.constant(False)
+    def parts(self, variable: tf.Variable) -> tuple:
+        """This replica's copy in replica context; every local copy in cross-replica context
+        (written without reading the aggregate)."""
+        return (variable,) if in_replica_context() else local_values(self.strategy, variable)
 
-    return tf.cond(applied, done, skipped)
+    def first(self, value: Any) -> Any:
+        return local_values(self.strategy, value)[0]
 
+    def decide(self, fn: Callable[[], tf.Tensor], key: Any = None) -> tf.Tensor:
+        """Cross-replica context: an unconditional ``merge_call`` from replica context (never
+        inside a replica-context ``cond``), or a compiled function from Python."""
+        if in_replica_context():
+            return tf.distribute.get_replica_context().merge_call(lambda _strategy: fn())
+        if key not in self._functions:
+            self._functions[key] = tf.function(fn)
+        with self.strategy.scope():
+            return self._functions[key]()
 
-def _close(strategy, state, optimizer, variables: list) -> tf.Tensor:
-    """Close a non-empty window (cross-replica context): one reduction, at most one update."""
-    scaled = is_loss_scale_optimizer(optimizer)
-    prereduce = optimizer_clips(optimizer)
-    present = [i for i, has in enumerate(state._has_gradient) if has]
+    def sum(self, local: Callable[[], list]) -> list:
+        per_replica = self.strategy.run(local)
+        return self.strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
 
-    def status() -> list:
-        """Replica context: local status (and, when clipping, the local gradient sums)."""
-        flags = [
-            tf.cast(state.window_weight.read_value(), tf.float32),
-            tf.cast(state.window_poisoned.read_value() > 0, tf.float32),
-            tf.cast(state.frozen, tf.float32),
-        ]
-        if scaled:  # the one finiteness check of the window, on the local sums
-            sums = [state.accumulators[i].read_value() for i in present]
-            flags.append(tf.cast(tf.logical_not(_all_finite(sums)), tf.float32))
-        local = [tf.stack(flags)]
-        if prereduce:
-            local += [state.accumulators[i].read_value() for i in present]
-        return local
+    def run(self, fn: Callable[..., tf.Tensor], *args: Any) -> tf.Tensor:
+        return self.first(self.strategy.run(fn, args=args))
 
-    per_replica = strategy.run(status)
-    # THE reduction of the window: one batch, SUM over all replicas (all workers).
-    reduced = strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
-    totals = local_values(strategy, reduced[0])[0]
-    frozen = totals[2] > 0
-    skip = totals[1] > 0
-    if scaled:
-        skip = tf.logical_or(skip, totals[3] > 0)
-    target = inner_optimizer(optimizer)
+    def prereduces(self, optimizer: keras.optimizers.Optimizer) -> bool:
+        return optimizer_clips(optimizer)
 
-    def replica_update(status_sum, *global_sums) -> tf.Tensor:
-        """Replica context, outside any replica-context cond: the one optimizer update."""
-        weight = status_sum[0]
-        sums = iter(global_sums)
+    def share(self, total: tf.Tensor) -> tf.Tensor:
+        """Replica 0 carries the global sum, the others exact zeros (Keras's all-reduce adds
+        them up after clipping the true large-batch gradient)."""
         first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-        grads = []
-        for i, acc in enumerate(state.accumulators):
-            if i not in present:
-                grads.append(None)
-                continue
-            if prereduce:  # replica 0 carries the global mean, the others exact zeros
-                total = next(sums)
-                total = tf.where(first, total, tf.zeros_like(total))
-            else:  # this replica's share of the global mean: Keras's all-reduce adds them up
-                total = acc.read_value()
-            grads.append(tf.math.divide_no_nan(total, tf.cast(weight, total.dtype)))
-        grads = _unscaled(optimizer, grads)
-        grads = [
-            None if g is None else tf.cast(g, tf.as_dtype(getattr(v, "dtype", g.dtype)))
-            for g, v in zip(grads, variables, strict=True)
-        ]
-        target.apply(grads, variables)
-        return tf.constant(True)
-
-    def update() -> tf.Tensor:
-        strategy.run(replica_update, args=tuple(reduced))
-        if scaled:
-            _grow_scale(optimizer)
-        return tf.constant(True)
-
-    def skip_window() -> tf.Tensor:
-        if scaled:
-            tf.cond(totals[3] > 0, lambda: _lower_scale(optimizer), lambda: tf.constant(False))
-        return tf.constant(False)
-
-    def closable() -> tf.Tensor:
-        applied = tf.cond(skip, skip_window, update)
-        return _finish(state, applied)
-
-    # A replica frozen by nonfinite="raise" keeps the window open (the Python side raises).
-    return tf.cond(frozen, lambda: tf.constant(False), closable)
+        return tf.where(first, total, tf.zeros_like(total))
 
 
-def _close_if_due(strategy, *, state, optimizer, variables: list, force: bool) -> tf.Tensor:
-    """Cross-replica decision (no merge_call inside a replica cond): close the window if due.
-
-    ``force=False``: close when it holds K micro-batches (a micro-step); ``force=True``: close
-    any non-empty window (a flush). Returns a bool scalar: whether an update was applied.
-    """
-    micro = local_values(strategy, state.micro_step)[0]
-    due = micro > 0 if force else micro >= state.accum_steps
-    return tf.cond(
-        due, lambda: _close(strategy, state, optimizer, variables), lambda: tf.constant(False)
-    )
+_ONE_REPLICA = Replicas()
 
 
-def replica_step(state, optimizer, variables: Sequence) -> tf.Tensor:
-    """The end of one micro-step under a strategy (after ``state.accumulate``).
-
-    Advances the window counters on this replica (every replica advances in lockstep, also a
-    replica whose shard was empty or skipped) and hands the window decision to cross-replica
-    context with an unconditional ``merge_call``.
-    """
-    ctx = _require_replica_context(state)
-    state.micro_batches_seen.assign_add(1)
-    state.micro_step.assign_add(1)
-    decide = functools.partial(
-        _close_if_due, state=state, optimizer=optimizer, variables=list(variables), force=False
-    )
-    return ctx.merge_call(decide)
-
-
-def close_window(state, optimizer, variables: Sequence) -> tf.Tensor:
-    """Apply the pending window now (a flush), from replica or cross-replica context."""
-    decide = functools.partial(
-        _close_if_due, state=state, optimizer=optimizer, variables=list(variables), force=True
-    )
-    if in_replica_context():
-        return tf.distribute.get_replica_context().merge_call(decide)
-    strategy = state.strategy
-    cache = _FUNCTIONS.setdefault(state, {})
-    key = ("flush", id(optimizer), tuple(id(v) for v in variables))
-    if key not in cache:
-        cache[key] = tf.function(lambda: decide(strategy))
-    with strategy.scope():
-        return cache[key]()
-
-
-def drop_window(state) -> None:
-    """Discard the pending window on every local replica (cross-replica context)."""
-    for dropped, pending in zip(
-        _components(state, state.samples_dropped),
-        _components(state, state.window_samples),
-        strict=True,
-    ):
-        dropped.assign_add(pending.read_value())
-    state._run_hooks(False)
-    reset_components(state)
+def replicas(strategy: tf.distribute.Strategy | None) -> Replicas:
+    """The :class:`Replicas` for a state built under ``strategy`` (``None``: no strategy)."""
+    return _ONE_REPLICA if strategy is None else StrategyReplicas(strategy)
 
 
 # ---------------------------------------------------------------------------- devices, counting

@@ -252,8 +252,7 @@ class AccumTrainer:
                 normalizer=self.normalizer, optimizer=self.optimizer,
             )
             self.state.accumulate(grads, weight, samples, self.optimizer)
-            self.state.micro_batches_seen.assign_add(1)
-            self.state.micro_step.assign_add(1)
+            self.state.advance()
             total_loss += loss * weight
             total_weight += weight
         self.state.apply_window(self.optimizer, self.model.trainable_variables)

@@ -261,7 +261,7 @@ class AccumModel(keras.Model):
         )
         self._accum_loss_tracker.update_state(out.loss, sample_weight=out.weight)
         logs = self.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
-        if self.nonfinite != "raise":
+        if not self.accumulation.nonfinite_policy.freeze:  # micro-batches may be skipped
             logs["skipped_micro_batches"] = self.accumulation.micro_batches_skipped
             logs["skipped_windows"] = self.accumulation.windows_skipped
         elif is_loss_scale_optimizer(self.optimizer):  # non-finite windows skipped (overflow)

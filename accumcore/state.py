@@ -12,17 +12,24 @@ So the optimizer sees ``sum_i c_i grad(L_i) / sum_i c_i``, which is the gradient
 loss over the whole window: the large-batch gradient. Iterations, learning-rate schedules,
 Adam's bias correction, clipping, weight decay and EMA all advance once per window.
 
-Like optax's ``MultiSteps``, all mutable accumulation state lives here; the inner optimizer
-is touched only when a window completes.
+Like optax's ``MultiSteps``, all mutable accumulation state lives here and the whole window
+life cycle is written once, in :class:`AccumulationState`: accumulate, advance, close (the
+library's only ``optimizer.apply`` call, in :meth:`AccumulationState._update`), drop and reset.
+The skip decision for a bad micro-batch is injected (:class:`NonFinitePolicy`). Under a
+``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies only where each step of the
+rule runs and how the window's status is reduced across replicas; loss scaling is the
+``LossScaleOptimizer``'s own (:mod:`accumcore.loss_scaling`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import tensorflow as tf
 
-from accumcore import distribute
+from accumcore import distribute, loss_scaling
 from accumcore.config import NONFINITE_POLICIES, check_accum_steps, check_choice
 from accumcore.errors import NonFiniteGradientError
 
@@ -38,6 +45,94 @@ def _as_dtype(variable) -> tf.DType:
     return tf.as_dtype(getattr(variable, "dtype", tf.float32))
 
 
+def _all_finite(tensors: Sequence) -> tf.Tensor:
+    """bool scalar: every element of every (dense or IndexedSlices) tensor is finite."""
+    flags = [
+        tf.reduce_all(tf.math.is_finite(t.values if isinstance(t, tf.IndexedSlices) else t))
+        for t in tensors
+        if t is not None
+    ]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
+    """The default ``should_skip``: bool scalar, any NaN or Inf in ``grads`` or ``weight``."""
+    return tf.logical_not(_all_finite([*grads, weight]))
+
+
+@dataclass(frozen=True)
+class NonFinitePolicy:
+    """What a bad micro-batch does to the window; the skip decision is injected, as optax's
+    ``MultiSteps(should_skip_update_fn=...)``.
+
+    Attributes:
+        name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
+        freeze: on a flagged micro-batch, keep the state as it was before it and let
+            :meth:`AccumulationState.raise_if_nonfinite` raise from Python; otherwise skip the
+            micro-batch (its samples counted in ``samples_dropped``).
+        skip_window: a skipped micro-batch also discards its whole window when it closes.
+        should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
+            its summed loss) and weight; by default :func:`has_nonfinite`.
+    """
+
+    name: str
+    freeze: bool = False
+    skip_window: bool = False
+    should_skip: Callable[[Sequence, tf.Tensor], tf.Tensor] = has_nonfinite
+
+
+#: The public ``nonfinite=`` names and the policies they stand for.
+NONFINITE = {
+    "raise": NonFinitePolicy("raise", freeze=True),
+    "skip_micro_batch": NonFinitePolicy("skip_micro_batch"),
+    "skip_window": NonFinitePolicy("skip_window", skip_window=True),
+}
+
+#: Under a LossScaleOptimizer overflow is expected: the optimizer skips the window whole.
+_LOSS_SCALED = NonFinitePolicy("loss_scaling", should_skip=lambda grads, weight: tf.constant(False))
+
+
+def nonfinite_policy(nonfinite: str | NonFinitePolicy) -> NonFinitePolicy:
+    """The policy for a ``nonfinite=`` argument: one of :data:`NONFINITE`'s names or a policy."""
+    if isinstance(nonfinite, NonFinitePolicy):
+        return nonfinite
+    return NONFINITE[check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)]
+
+
+class _Scalar(NamedTuple):
+    """One scalar variable of the state (int64, or float32 for a float ``initial``)."""
+
+    name: str
+    initial: int | float
+    summed: bool  # under a strategy: SUM over the replicas (else the first replica's value)
+    window: bool  # part of the current window: emptied whenever the window ends
+    reported: bool  # in counters()
+    saved: bool  # in variables_for_saving()
+
+
+#: Every scalar of the state, in the order of ``variables_for_saving`` (after the
+#: accumulators; the order of ``.keras`` files' ``accumcore_<i>`` entries: never reorder).
+_SCALARS = (
+    _Scalar("window_weight", 0.0, summed=True, window=True, reported=False, saved=True),
+    _Scalar("micro_step", 0, summed=False, window=True, reported=True, saved=True),
+    _Scalar("window_samples", 0, summed=True, window=True, reported=True, saved=True),
+    _Scalar("windows_applied", 0, summed=False, window=False, reported=True, saved=True),
+    _Scalar("windows_skipped", 0, summed=False, window=False, reported=True, saved=True),
+    _Scalar("micro_batches_seen", 0, summed=False, window=False, reported=True, saved=True),
+    # Summed: under a strategy each replica skips its own shard of a micro-batch.
+    _Scalar("micro_batches_skipped", 0, summed=True, window=False, reported=True, saved=True),
+    _Scalar("samples_seen", 0, summed=True, window=False, reported=True, saved=True),
+    _Scalar("samples_dropped", 0, summed=True, window=False, reported=True, saved=True),
+    _Scalar("window_poisoned", 0, summed=False, window=True, reported=False, saved=True),
+    # Where a non-finite gradient froze the state (-1: not frozen).
+    _Scalar("nonfinite_micro_step", -1, summed=False, window=False, reported=False, saved=False),
+    _Scalar(
+        "nonfinite_window_position", -1, summed=False, window=False, reported=False, saved=False
+    ),
+    _Scalar("nonfinite_variable", -1, summed=False, window=False, reported=False, saved=False),
+)
+
+
 class AccumulationState(tf.Module):
     """Gradient accumulators and window counters (trackable; checkpoint it mid-window).
 
@@ -47,7 +142,8 @@ class AccumulationState(tf.Module):
             ``"raise"`` (default: freeze the state before that micro-batch and raise
             :class:`~accumcore.NonFiniteGradientError` from the Python side),
             ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),
-            ``"skip_window"`` (drop the whole window, apply nothing).
+            ``"skip_window"`` (drop the whole window, apply nothing), or a
+            :class:`NonFinitePolicy`.
 
     Variables (created by :meth:`build`, lazily, from the model's trainable variables):
 
@@ -62,24 +158,42 @@ class AccumulationState(tf.Module):
       ``samples_dropped`` (by the ``"drop"`` end-of-epoch policy, a skipped window or a
       skipped micro-batch). Samples that reached an update: ``samples_seen - samples_dropped
       - window_samples``.
+    * Flags (int64): ``window_poisoned`` and, where a non-finite gradient froze the state,
+      ``nonfinite_micro_step``, ``nonfinite_window_position``, ``nonfinite_variable``.
+
+    :attr:`window_variables` and :meth:`variables_for_saving` list them.
     """
 
     def __init__(
-        self, accum_steps: int, *, nonfinite: str = "raise", name: str = "accumulation"
+        self,
+        accum_steps: int,
+        *,
+        nonfinite: str | NonFinitePolicy = "raise",
+        name: str = "accumulation",
     ) -> None:
         super().__init__(name=name)
         self.accum_steps = check_accum_steps(accum_steps)
-        self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
+        self.nonfinite = nonfinite
         self.accumulators: list[tf.Variable] = []
         self._variable_names: list[str] = []
         self._has_gradient: list[bool] = []
         self._built = False
-        self._strategy = None  # the tf.distribute strategy the variables were built under
+        # Where the rule's steps run and how the window is reduced (distribute.Replicas).
+        self._replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
         #: skipped or dropped. Layers with per-window state (e.g. window-level BatchNorm
         #: statistics) register here.
         self.window_hooks: list = []
+
+    @property
+    def nonfinite(self) -> str:
+        """The name of the non-finite policy; assign a name or a :class:`NonFinitePolicy`."""
+        return self.nonfinite_policy.name
+
+    @nonfinite.setter
+    def nonfinite(self, value: str | NonFinitePolicy) -> None:
+        self.nonfinite_policy = nonfinite_policy(value)
 
     # ------------------------------------------------------------------ building
     @property
@@ -105,10 +219,16 @@ class AccumulationState(tf.Module):
                 "or start it with `keras.Input(shape=...)`."
             )
         on_read = tf.distribute.has_strategy()
-        self._strategy = tf.distribute.get_strategy() if on_read else None
-        sync = dict(synchronization=_ON_READ) if on_read else {}
-        sum_agg = dict(aggregation=tf.VariableAggregation.SUM) if on_read else {}
-        first = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA) if on_read else {}
+        self._replicas = distribute.replicas(tf.distribute.get_strategy() if on_read else None)
+
+        def placement(summed: bool) -> dict:
+            """Under a strategy: one local copy per replica, read as their sum or the first."""
+            if not on_read:
+                return {}
+            first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+            aggregation = tf.VariableAggregation.SUM if summed else first
+            return dict(synchronization=_ON_READ, aggregation=aggregation)
+
         with tf.init_scope():
             # Extend the tracked list in place (not re-assign it) so that a checkpoint read
             # before the state was built restores the accumulators when they are created.
@@ -117,34 +237,17 @@ class AccumulationState(tf.Module):
                     tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
                     trainable=False,
                     name=f"accum_{i}",
-                    **sync,
-                    **sum_agg,
+                    **placement(summed=True),
                 )
                 for i, v in enumerate(variables)
             ])
-            self.window_weight = tf.Variable(
-                0.0, trainable=False, name="window_weight", **sync, **sum_agg
-            )
-
-            def counter(name: str, value: int = 0, agg: dict = first) -> tf.Variable:
-                return tf.Variable(
-                    tf.constant(value, tf.int64), trainable=False, name=name, **sync, **agg
+            for s in _SCALARS:
+                dtype = tf.float32 if isinstance(s.initial, float) else tf.int64
+                value = tf.Variable(
+                    tf.constant(s.initial, dtype), trainable=False, name=s.name,
+                    **placement(s.summed),
                 )
-
-            self.micro_step = counter("micro_step")
-            self.window_samples = counter("window_samples", agg=sum_agg)
-            self.windows_applied = counter("windows_applied")
-            self.windows_skipped = counter("windows_skipped")
-            self.micro_batches_seen = counter("micro_batches_seen")
-            # SUM: under a strategy each replica skips its own shard of a micro-batch.
-            self.micro_batches_skipped = counter("micro_batches_skipped", agg=sum_agg)
-            self.samples_seen = counter("samples_seen", agg=sum_agg)
-            self.samples_dropped = counter("samples_dropped", agg=sum_agg)
-            # Flags (int64 so that they checkpoint and cross devices like the counters).
-            self.window_poisoned = counter("window_poisoned")
-            self.nonfinite_micro_step = counter("nonfinite_micro_step", -1)
-            self.nonfinite_window_position = counter("nonfinite_window_position", -1)
-            self.nonfinite_variable = counter("nonfinite_variable", -1)
+                setattr(self, s.name, value)
         self._variable_names = [getattr(v, "path", None) or v.name for v in variables]
         self._has_gradient = [True] * len(variables)
         self._built = True
@@ -178,29 +281,34 @@ class AccumulationState(tf.Module):
     @property
     def strategy(self) -> tf.distribute.Strategy | None:
         """The ``tf.distribute`` strategy the state was built under (``None``: no strategy)."""
-        return self._strategy
+        return self._replicas.strategy
 
     @property
     def frozen(self) -> tf.Tensor:
         """True once a non-finite gradient was seen under ``nonfinite="raise"``."""
         return self.nonfinite_micro_step >= 0
 
+    @property
+    def window_variables(self) -> list[tf.Variable]:
+        """The current window's variables, emptied whenever it ends: the accumulators,
+        ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
+        self._check_built()
+        return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.window)]
+
+    def variables_for_saving(self) -> list[tf.Variable]:
+        """What a saved model holds to resume mid-window, in a fixed order: the accumulators,
+        then ``window_weight``, ``micro_step``, ``window_samples``, the six run counters and
+        ``window_poisoned`` (the order of the ``accumcore_<i>`` entries of ``.keras`` files).
+        The non-finite flags are not saved: a frozen state is not saved frozen."""
+        self._check_built()
+        return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.saved)]
+
     def counters(self) -> dict[str, int]:
         """Run-long counters as Python ints (reads the variables; call outside graphs)."""
         self._check_built()
-        names = (
-            "micro_step",
-            "window_samples",
-            "windows_applied",
-            "windows_skipped",
-            "micro_batches_seen",
-            "micro_batches_skipped",
-            "samples_seen",
-            "samples_dropped",
-        )
-        return {n: int(getattr(self, n).numpy()) for n in names}
+        return {s.name: int(getattr(self, s.name).numpy()) for s in _SCALARS if s.reported}
 
-    # ------------------------------------------------------------------ update rule
+    # ------------------------------------------------------------------ the window life cycle
     def accumulate(self, grads: Sequence, weight, samples, optimizer=None) -> tf.Tensor:
         """Add one micro-batch: ``grads`` are gradients of its **summed** loss ``c_i * L_i``.
 
@@ -224,16 +332,9 @@ class AccumulationState(tf.Module):
         weight = tf.cast(weight, tf.float32)
         samples = tf.cast(samples, tf.int64)
         present = [(i, g) for i, g in enumerate(grads) if g is not None]
-        finite_flags = [
-            tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
-            for _, g in present
-        ]
-        finite_flags.append(tf.math.is_finite(weight))
-        flags = tf.stack(finite_flags)
-        finite = tf.reduce_all(flags)
-        if distribute.is_loss_scale_optimizer(optimizer):
-            finite = tf.constant(True)  # overflow is handled once per window (loss scaling)
-        not_frozen = tf.logical_not(self.frozen)
+        scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
+        policy = _LOSS_SCALED if scaled else self.nonfinite_policy
+        bad = policy.should_skip(grads, weight)
 
         def add() -> tf.Tensor:
             for i, g in present:
@@ -255,18 +356,18 @@ class AccumulationState(tf.Module):
             # that samples_seen always sums to (dataset size x epochs).
             self.samples_seen.assign_add(samples)
             self.samples_dropped.assign_add(samples)
-            if self.nonfinite == "skip_window":
+            if policy.skip_window:
                 self.window_poisoned.assign(1)
             return tf.constant(False)
 
         def freeze() -> tf.Tensor:
-            # First offending variable: index among *present* gradients -> variable index.
-            bad = tf.argmin(tf.cast(flags[:-1], tf.int32)) if present else 0
+            # First offending variable (-1: only the weight was non-finite).
+            flags = [_all_finite([g]) for _, g in present]
             index_map = tf.constant([i for i, _ in present] or [-1], tf.int64)
             var_index = tf.cond(
-                tf.reduce_all(flags[:-1]) if present else tf.constant(True),
-                lambda: tf.constant(-1, tf.int64),  # only the weight was non-finite
-                lambda: tf.gather(index_map, bad),
+                tf.reduce_all(tf.stack(flags)) if present else tf.constant(True),
+                lambda: tf.constant(-1, tf.int64),
+                lambda: tf.gather(index_map, tf.argmin(tf.cast(tf.stack(flags), tf.int32))),
             )
             self.nonfinite_variable.assign(var_index)
             self.nonfinite_window_position.assign(self.micro_step)
@@ -274,125 +375,179 @@ class AccumulationState(tf.Module):
             return tf.constant(False)
 
         def live() -> tf.Tensor:
-            if self.nonfinite == "raise":
-                added = tf.cond(finite, add, freeze)
-            else:
-                added = tf.cond(finite, add, skip)
-            return added
+            return tf.cond(bad, freeze if policy.freeze else skip, add)
 
-        return tf.cond(not_frozen, live, lambda: tf.constant(False))
+        return tf.cond(self.frozen, lambda: tf.constant(False), live)
 
-    def _window_gradients(self, variables: Sequence) -> list:
-        """The window's mean gradients, ``sum_i c_i grad(L_i) / sum_i c_i``, per variable."""
-        weight = self.window_weight
-        grads = []
-        for acc, var, has in zip(self.accumulators, variables, self._has_gradient):
-            if not has:
-                grads.append(None)
-                continue
-            g = tf.math.divide_no_nan(acc.read_value(), tf.cast(weight, acc.dtype))
-            grads.append(tf.cast(g, _as_dtype(var)))
-        return grads
-
-    def reset(self) -> None:
-        """Empty the current window (accumulators, weight, position); counters are kept."""
-        self._check_built()
-        if self._strategy is not None and not distribute.in_replica_context():
-            distribute.reset_components(self)  # every replica, without reading the sums
-            return
-        for acc in self.accumulators:
-            acc.assign(tf.zeros_like(acc))
-        self.window_weight.assign(0.0)
-        self.window_samples.assign(0)
-        self.micro_step.assign(0)
-        self.window_poisoned.assign(0)
-
-    def apply_window(self, optimizer, variables: Sequence) -> None:
-        """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
-
-        A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) is discarded
-        and counted in ``windows_skipped`` instead, and so is a window whose loss-scaled
-        gradient is not finite under a ``LossScaleOptimizer`` (the loss scale is lowered). An
-        empty window does nothing. Graph-safe. Under a ``tf.distribute`` strategy the window
-        is closed by ``accumcore.distribute.close_window`` (replica or cross-replica context).
-
-        Returns:
-            bool scalar: whether an optimizer update was applied.
-        """
-        self._check_built()
-        variables = list(variables)
-        if self._strategy is not None:
-            return distribute.close_window(self, optimizer, variables)
-        has_data = self.micro_step > 0
-        poisoned = self.window_poisoned > 0
-        live = tf.logical_and(has_data, tf.logical_not(self.frozen))
-
-        def do_apply():
-            if distribute.is_loss_scale_optimizer(optimizer):
-                applied = distribute.apply_update(
-                    optimizer, self._window_gradients(variables), variables
-                )
-                return tf.cond(applied, applied_window, do_skip)
-            optimizer.apply(self._window_gradients(variables), variables)
-            return applied_window()
-
-        def applied_window():
-            self.windows_applied.assign_add(1)
-            self._run_hooks(True)
-            self.reset()
-            return tf.constant(True)
-
-        def do_skip():
-            self.windows_skipped.assign_add(1)
-            self.samples_dropped.assign_add(self.window_samples)
-            self._run_hooks(False)
-            self.reset()
-            return tf.constant(False)
-
-        def maybe():
-            return tf.cond(poisoned, do_skip, do_apply)
-
-        return tf.cond(live, maybe, lambda: tf.constant(False))
-
-    def drop_window(self) -> None:
-        """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
-        self._check_built()
-        if self._strategy is not None and not distribute.in_replica_context():
-            distribute.drop_window(self)
-            return
-        self.samples_dropped.assign_add(self.window_samples)
-        self._run_hooks(False)
-        self.reset()
-
-    def _run_hooks(self, applied: bool) -> None:
-        for hook in self.window_hooks:
-            hook(applied)
+    def advance(self) -> None:
+        """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
+        self.micro_batches_seen.assign_add(1)
+        self.micro_step.assign_add(1)
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
         """Accumulate one micro-batch and close the window when it holds K micro-batches.
 
         This is the whole per-micro-batch rule used by the eager loop, the compiled loop and
         ``AccumModel.train_step``. Graph-safe (no Python decision depends on tensor values).
+        Under a strategy it runs in replica context (inside ``strategy.run``).
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
         """
         self._check_built()
-        if self._strategy is not None:  # replica context: the window decision is cross-replica
-            self.accumulate(grads, weight, samples, optimizer)
-            return distribute.replica_step(self, optimizer, variables)
+        self._replicas.require_replica_context()
+        variables = list(variables)
         self.accumulate(grads, weight, samples, optimizer)
 
-        def advance():
-            self.micro_batches_seen.assign_add(1)
-            self.micro_step.assign_add(1)
-            return tf.cond(
-                self.micro_step >= self.accum_steps,
-                lambda: self.apply_window(optimizer, variables),
-                lambda: tf.constant(False),
+        def close_if_full() -> tf.Tensor:
+            return self._close_if_due(optimizer, variables, force=False)
+
+        if self._replicas.distributed:
+            # Every replica advances in lockstep (a frozen one too); whether the window is
+            # full is decided in cross-replica context.
+            self.advance()
+            return self._replicas.decide(close_if_full)
+
+        def advance_and_close() -> tf.Tensor:
+            self.advance()
+            return close_if_full()
+
+        return tf.cond(self.frozen, lambda: tf.constant(False), advance_and_close)
+
+    def apply_window(self, optimizer, variables: Sequence) -> tf.Tensor:
+        """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
+
+        A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) is discarded
+        and counted in ``windows_skipped`` instead, and so is a window whose loss-scaled
+        gradient is not finite under a ``LossScaleOptimizer`` (the loss scale is lowered). An
+        empty window does nothing, and so does a frozen state. Graph-safe; under a strategy,
+        callable in replica or cross-replica context.
+
+        Returns:
+            bool scalar: whether an optimizer update was applied.
+        """
+        self._check_built()
+        variables = list(variables)
+        key = (id(optimizer), *map(id, variables))
+        return self._replicas.decide(
+            lambda: self._close_if_due(optimizer, variables, force=True), key
+        )
+
+    def drop_window(self) -> None:
+        """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
+        self._check_built()
+        self._end_window(applied=False)
+
+    def reset(self) -> None:
+        """Empty the current window (:attr:`window_variables`); counters are kept.
+
+        In cross-replica context under a strategy: every local replica's part, reading nothing.
+        """
+        for variable in self.window_variables:
+            for part in self._replicas.parts(variable):
+                part.assign(tf.zeros(part.shape, part.dtype))
+
+    def _close_if_due(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
+        """Close the window if it holds K micro-batches (any, with ``force``): bool scalar."""
+        micro = self._replicas.first(self.micro_step)
+        due = micro > 0 if force else micro >= self.accum_steps
+        return tf.cond(
+            due, lambda: self._close(optimizer, variables), lambda: tf.constant(False)
+        )
+
+    def _mirrors_loss_scaling(self, optimizer) -> bool:
+        """Under a strategy the loss-scale rule is accumcore's mirror (see loss_scaling)."""
+        return self._replicas.distributed and loss_scaling.is_loss_scale_optimizer(optimizer)
+
+    def _close(self, optimizer, variables: list) -> tf.Tensor:
+        """Close a non-empty window: one status reduction, at most one update, book-keeping."""
+        replicas = self._replicas
+        mirror = self._mirrors_loss_scaling(optimizer)
+        prereduce = replicas.prereduces(optimizer)
+        present = [i for i, has in enumerate(self._has_gradient) if has]
+
+        def local_status() -> list:
+            """``[weight, poisoned, frozen(, overflow)]`` here (and the sums to pre-reduce)."""
+            flags = [
+                tf.cast(self.window_weight.read_value(), tf.float32),
+                tf.cast(self.window_poisoned.read_value() > 0, tf.float32),
+                tf.cast(self.frozen, tf.float32),
+            ]
+            needed = mirror or prereduce
+            sums = [self.accumulators[i].read_value() for i in present] if needed else []
+            if mirror:  # the one finiteness check of the window, on the local sums
+                flags.append(tf.cast(tf.logical_not(_all_finite(sums)), tf.float32))
+            return [tf.stack(flags), *(sums if prereduce else [])]
+
+        reduced = replicas.sum(local_status)  # THE reduction of the window (none: one replica)
+        status = replicas.first(reduced[0])
+        overflow = status[3] > 0 if mirror else tf.constant(False)
+
+        def update() -> tf.Tensor:
+            return replicas.run(
+                lambda local, *sums: self._update(optimizer, variables, local[0], sums), *reduced
             )
 
-        return tf.cond(self.frozen, lambda: tf.constant(False), advance)
+        def close() -> tf.Tensor:
+            skip = tf.logical_or(status[1] > 0, overflow)
+            applied = tf.cond(skip, lambda: tf.constant(False), update)
+            if mirror:  # no window is poisoned under loss scaling: skipped = overflowed
+                loss_scaling.update_scale(optimizer, applied)
+            return tf.cond(applied, lambda: self._closed(True), lambda: self._closed(False))
+
+        # A replica frozen by nonfinite="raise" keeps the window open (the Python side raises).
+        return tf.cond(status[2] > 0, lambda: tf.constant(False), close)
+
+    def _update(self, optimizer, variables: list, weight: tf.Tensor, sums: Sequence) -> tf.Tensor:
+        """The window's optimizer update: the library's one ``apply`` call. Runs in replica
+        context under a strategy (each replica applies its share; Keras all-reduces them).
+
+        Args:
+            weight: ``W = sum_i c_i`` over the whole window (all replicas), float32 scalar.
+            sums: the window's gradient sums over all replicas when the replicas pre-reduce
+                them (gradient clipping), else empty: each replica's accumulators hold its own.
+
+        Returns:
+            bool scalar: whether the update was applied (a LossScaleOptimizer skips an
+            overflowed window itself).
+        """
+        totals = iter(sums)
+        grads = []
+        for acc, has in zip(self.accumulators, self._has_gradient, strict=True):
+            if not has:
+                grads.append(None)
+                continue
+            total = self._replicas.share(next(totals)) if sums else acc.read_value()
+            grads.append(tf.math.divide_no_nan(total, tf.cast(weight, total.dtype)))
+        target = optimizer
+        if self._mirrors_loss_scaling(optimizer):
+            target, grads = optimizer.inner_optimizer, loss_scaling.unscale(optimizer, grads)
+        grads = [
+            None if g is None else tf.cast(g, _as_dtype(v))
+            for g, v in zip(grads, variables, strict=True)
+        ]
+        target.apply(grads, variables)
+        return loss_scaling.window_applied(target, grads)
+
+    def _closed(self, applied: bool) -> tf.Tensor:
+        """Count a closed window as applied or skipped and end it."""
+        counter = self.windows_applied if applied else self.windows_skipped
+        for part in self._replicas.parts(counter):
+            part.assign_add(tf.ones((), part.dtype))
+        self._end_window(applied)
+        return tf.constant(applied)
+
+    def _end_window(self, applied: bool) -> None:
+        """Every window ends here: unapplied samples count as dropped, hooks run, reset."""
+        if not applied:
+            parts = self._replicas.parts
+            for dropped, pending in zip(
+                parts(self.samples_dropped), parts(self.window_samples), strict=True
+            ):
+                dropped.assign_add(pending.read_value())
+        for hook in self.window_hooks:
+            hook(applied)
+        self.reset()
 
     # ------------------------------------------------------------------ non-finite report
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
@@ -402,14 +557,19 @@ class AccumulationState(tf.Module):
         epoch (when given), the micro-step, its position in the window and the first offending
         variable. :meth:`clear_nonfinite` unfreezes the state (the bad micro-batch stays out).
         """
-        if not self._built or self.nonfinite != "raise":
+        if not self._built or not self.nonfinite_policy.freeze:
             return
         # Under a strategy: the first local replica that froze (each replica checks its shard).
-        step, replica = distribute.max_local(self, self.nonfinite_micro_step)
+        def local(variable: tf.Variable) -> list[int]:
+            return [int(part.numpy()) for part in self._replicas.parts(variable)]
+
+        steps = local(self.nonfinite_micro_step)
+        replica = max(range(len(steps)), key=steps.__getitem__)
+        step = steps[replica]
         if step < 0:
             return
-        position = distribute.component(self, self.nonfinite_window_position, replica)
-        index = distribute.component(self, self.nonfinite_variable, replica)
+        position = local(self.nonfinite_window_position)[replica]
+        index = local(self.nonfinite_variable)[replica]
         variable = self._variable_names[index] if index >= 0 else "<micro-batch weight>"
         where = f"epoch {epoch}, " if epoch is not None else ""
         raise NonFiniteGradientError(
