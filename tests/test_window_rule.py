@@ -1,0 +1,189 @@
+"""The window rule in one place: one ``apply`` call site, the state's variable lists, the
+injected non-finite policy, and the loss-scale rule pinned against Keras's LossScaleOptimizer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import LOSS, REL_TOL, small_mlp
+
+import accumcore as ac
+from accumcore import loss_scaling
+from accumcore.lab.experiments import get_weights, relative_error
+from accumcore.state import NONFINITE, NonFinitePolicy
+
+LIBRARY = sorted((Path(__file__).resolve().parents[1] / "accumcore").glob("*.py"))
+
+
+# ---------------------------------------------------------------------------- structure
+def _calls_of(attribute: str) -> list[str]:
+    sites = []
+    for path in LIBRARY:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == attribute):
+                sites.append(f"{path.name}:{node.lineno}")
+    return sites
+
+
+def test_optimizer_apply_has_one_call_site_in_the_state() -> None:
+    sites = _calls_of("apply")
+    assert len(sites) == 1 and sites[0].startswith("state.py:"), sites
+
+
+def test_no_module_touches_another_objects_private_members() -> None:
+    """``x._name`` only on ``self`` / ``cls`` / ``super()`` in the library (not the lab)."""
+    found = []
+    for path in LIBRARY:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                continue
+            owner = node.value
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super":
+                continue
+            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+    assert not found, found
+
+
+# ---------------------------------------------------------------------------- variables
+def _built_state(k: int = 3) -> tuple[ac.AccumulationState, keras.Model]:
+    model = small_mlp()
+    state = ac.AccumulationState(k)
+    state.build(model.trainable_variables)
+    return state, model
+
+
+def test_variables_for_saving_keep_the_order_of_saved_files() -> None:
+    """The ``.keras`` entries ``accumcore_<i>`` follow this order: it must never change."""
+    state, model = _built_state()
+    expected = [*state.accumulators, state.window_weight, state.micro_step, state.window_samples,
+                state.windows_applied, state.windows_skipped, state.micro_batches_seen,
+                state.micro_batches_skipped, state.samples_seen, state.samples_dropped,
+                state.window_poisoned]
+    assert [id(v) for v in state.variables_for_saving()] == [id(v) for v in expected]
+    assert len(state.accumulators) == len(model.trainable_variables)
+
+
+def test_reset_empties_exactly_the_window_variables() -> None:
+    state, model = _built_state()
+    x = np.random.default_rng(0).normal(size=(5, 8)).astype("float32")
+    y = np.array([0, 1, 2, 0, 1])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, model(x)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    state.accumulate(grads, 5.0, 5)
+    state.advance()
+    state.window_poisoned.assign(1)
+    before = state.counters()
+    assert before["micro_step"] == 1 and before["window_samples"] == 5
+    assert all(np.any(a.numpy() != 0) for a in state.accumulators)
+    state.reset()
+    assert all(np.all(v.numpy() == 0) for v in state.window_variables)
+    assert {v.name for v in state.window_variables[len(state.accumulators):]} == {
+        "window_weight:0", "micro_step:0", "window_samples:0", "window_poisoned:0"}
+    after = state.counters()
+    kept = {k: v for k, v in before.items() if k not in ("micro_step", "window_samples")}
+    assert {k: after[k] for k in kept} == kept and after["samples_seen"] == 5
+
+
+def test_unbuilt_state_has_no_variable_lists() -> None:
+    with pytest.raises(ValueError, match="not built"):
+        ac.AccumulationState(2).variables_for_saving()
+
+
+# ---------------------------------------------------------------------------- policy
+def test_public_names_map_to_policies() -> None:
+    assert ac.AccumulationState(2).nonfinite_policy is NONFINITE["raise"]
+    state = ac.AccumulationState(2, nonfinite="skip_window")
+    assert (state.nonfinite, state.nonfinite_policy.skip_window) == ("skip_window", True)
+    state.nonfinite = "skip_micro_batch"  # as AccumModel.set_accumulation assigns it
+    assert state.nonfinite_policy is NONFINITE["skip_micro_batch"]
+    assert state.get_config() == {"accum_steps": 2, "nonfinite": "skip_micro_batch"}
+    with pytest.raises(ValueError, match="nonfinite"):
+        ac.AccumulationState(2, nonfinite="ignore")
+
+
+def test_an_injected_predicate_decides_which_micro_batches_count(data) -> None:
+    """A custom ``should_skip`` (here: drop micro-batches under 6 samples) is the whole skip
+    decision: the result equals plain Keras on the samples the predicate kept."""
+    x, y = data  # 40 samples in micro-batches of 6: six full ones and a last one of 4
+    micro, k, epochs = 6, 7, 2  # one window per epoch, its last micro-batch dropped
+    ref = small_mlp()
+    initial = get_weights(ref)
+    ref.compile(keras.optimizers.Adam(0.01), LOSS)
+    for _ in range(epochs):
+        ref.train_on_batch(x[:36], y[:36])
+    reference = get_weights(ref)
+
+    small = NonFinitePolicy("small", should_skip=lambda grads, weight: weight < micro)
+    model = small_mlp()
+    trainer = ac.AccumTrainer(model, keras.optimizers.Adam(0.01), LOSS, accum_steps=k,
+                              nonfinite=small)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro)
+    trainer.fit(dataset, epochs=epochs, mode="function", verbose=0)
+    assert relative_error(get_weights(model), reference, initial) <= REL_TOL
+    counters = trainer.state.counters()
+    assert counters["micro_batches_skipped"] == 2 and counters["samples_dropped"] == 8
+    assert counters["windows_applied"] == epochs
+
+
+# ---------------------------------------------------------------------------- loss scaling
+# Finite and non-finite windows, with dynamic_growth_steps=2: growth, halving, restarts.
+SEQUENCE = ("finite", "finite", "finite", "inf", "finite", "nan", "finite", "finite", "finite")
+
+
+def _scaled_optimizer() -> keras.optimizers.LossScaleOptimizer:
+    inner = keras.optimizers.SGD(0.1, momentum=0.9)
+    return keras.optimizers.LossScaleOptimizer(inner, initial_scale=16.0, dynamic_growth_steps=2)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_loss_scale_mirror_follows_keras_loss_scale_optimizer(compiled: bool) -> None:
+    """accumcore's mirror (used only under a strategy) against LossScaleOptimizer.apply itself:
+    same scale, growth counter, iterations and weights after every window of the sequence."""
+    keras_vars = [tf.Variable(np.ones((3, 2), "float32")), tf.Variable(np.zeros(2, "float32"))]
+    mirror_vars = [tf.Variable(v.numpy()) for v in keras_vars]
+    keras_opt, mirror_opt = _scaled_optimizer(), _scaled_optimizer()
+    keras_opt.build(keras_vars)
+    mirror_opt.build(mirror_vars)
+
+    def mirrored(grads: list) -> tf.Tensor:
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+        def update() -> tf.Tensor:
+            mirror_opt.inner_optimizer.apply(loss_scaling.unscale(mirror_opt, grads), mirror_vars)
+            return tf.constant(True)
+
+        applied = tf.cond(finite, update, lambda: tf.constant(False))
+        loss_scaling.update_scale(mirror_opt, applied)
+        return applied
+
+    step = tf.function(mirrored) if compiled else mirrored
+    rng = np.random.default_rng(0)
+    scales = []
+    for kind in SEQUENCE:
+        grads = [tf.constant(rng.normal(size=v.shape).astype("float32")) for v in keras_vars]
+        if kind != "finite":
+            bad = np.inf if kind == "inf" else np.nan
+            grads[1] = tf.tensor_scatter_nd_update(grads[1], [[0]], [bad])
+        before = [v.numpy() for v in keras_vars]
+        keras_opt.apply(grads, keras_vars)
+        moved = any(np.any(v.numpy() != b) for v, b in zip(keras_vars, before))
+        assert bool(loss_scaling.window_applied(keras_opt, grads)) == moved == (kind == "finite")
+        assert bool(step(grads)) == moved
+        assert loss_scaling.loss_scale(mirror_opt) == loss_scaling.loss_scale(keras_opt), kind
+        assert int(mirror_opt.step_counter.numpy()) == int(keras_opt.step_counter.numpy())
+        assert int(mirror_opt.iterations.numpy()) == int(keras_opt.iterations.numpy())
+        for a, b in zip(mirror_vars, keras_vars):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
+        scales.append(loss_scaling.loss_scale(keras_opt))
+    # The sequence exercised growth and halving (else the comparison above proves little).
+    assert scales[:4] == [16.0, 32.0, 32.0, 16.0] and min(scales) < max(scales)
