@@ -94,7 +94,7 @@ _FUNCTIONAL_VARIANTS: dict[type, type] = {}
 
 
 def _keras_keywords(functional: bool) -> tuple[str, ...]:
-    """Keyword arguments ``keras.Model.__init__`` uses (Keras 3.3 - 3.15).
+    """Keyword arguments ``keras.Model.__init__`` uses (read in Keras 3.10 and 3.15).
 
     Functional form: ``Functional.__init__(inputs, outputs, name=None, **kwargs)`` pops
     ``trainable`` and silently ignores every other keyword. Subclassed form: the keywords of
