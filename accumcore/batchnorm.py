@@ -38,6 +38,8 @@ update computed from all replicas' samples.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +53,8 @@ __all__ = [
     "convert_batchnorm",
     "moving_statistics",
     "statistics_gap",
+    "stock_batchnorm_layers",
+    "warn_stock_batchnorm",
     "window_layers",
 ]
 
@@ -437,15 +441,77 @@ def statistics_gap(
     return num / den
 
 
+# Models already warned about their stock BatchNormalization layers (one warning per model).
+_WARNED_STOCK_BN: weakref.WeakSet = weakref.WeakSet()
+
+
+def stock_batchnorm_layers(model: keras.layers.Layer) -> list[keras.layers.BatchNormalization]:
+    """Trainable ``keras.layers.BatchNormalization`` layers of ``model`` that are not
+    window-level (nested models and wrappers included, in :func:`window_layers`'s order).
+
+    Frozen ones (``trainable=False``) are left out: they run in inference mode and never update
+    their moving statistics, so accumulation does not affect them.
+    """
+    return [
+        layer for layer in _walk(model, set())
+        if isinstance(layer, keras.layers.BatchNormalization)
+        and not isinstance(layer, WindowBatchNormalization)
+        and layer.trainable
+    ]
+
+
+def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
+    """Warn (``UserWarning``, once per model) if ``model`` has stock BatchNormalization layers.
+
+    Under accumulation (``accum_steps`` K > 1) a stock layer updates its moving mean and
+    variance K times per optimizer update, each from one micro-batch, so they differ from what
+    large-batch training gives (the tests measure a gap of the order of the update itself).
+    Converting automatically would change the user's model (its class, its saved file) behind
+    their back, so accumcore warns and names the fix, :func:`convert_batchnorm`.
+
+    Returns:
+        Whether it warned (False for K = 1, no stock layer, or a model already warned about).
+    """
+    if accum_steps <= 1:
+        return False
+    try:
+        if model in _WARNED_STOCK_BN:
+            return False
+    except TypeError:  # not weak-referenceable / hashable: warn every time rather than never
+        pass
+    layers = stock_batchnorm_layers(model)
+    if not layers:
+        return False
+    names = ", ".join(repr(layer.name) for layer in layers)
+    warnings.warn(
+        f"Model {model.name!r} has {len(layers)} stock keras.layers.BatchNormalization "
+        f"layer(s) ({names}): under gradient accumulation (accum_steps={accum_steps}) each "
+        f"updates its moving mean and variance {accum_steps} times per optimizer update, from "
+        "micro-batches, so they differ from large-batch training. Convert the model with "
+        "`model = accumcore.convert_batchnorm(model)` (weights kept), or build it with "
+        "accumcore.WindowBatchNormalization, to update them once per window.",
+        UserWarning,
+        stacklevel=4,
+    )
+    try:
+        _WARNED_STOCK_BN.add(model)
+    except TypeError:
+        pass
+    return True
+
+
 def attach_window_layers(model: keras.layers.Layer, state) -> int:
     """Attach every :class:`WindowBatchNormalization` of ``model`` to ``state`` (idempotent).
 
     ``AccumModel.build_accumulation`` and ``AccumTrainer.build`` call this; call it yourself
-    only for a hand-written loop around :class:`~accumcore.AccumulationState`.
+    only for a hand-written loop around :class:`~accumcore.AccumulationState`. It also warns,
+    once per model, about stock ``BatchNormalization`` layers when ``state.accum_steps > 1``
+    (:func:`warn_stock_batchnorm`).
 
     Returns:
         The number of window-level BN layers found.
     """
+    warn_stock_batchnorm(model, int(getattr(state, "accum_steps", 1) or 1))
     layers = window_layers(model)
     for layer in layers:
         layer.attach(state)

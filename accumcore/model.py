@@ -10,11 +10,17 @@ applied every ``accum_steps`` micro-batches. Use it functionally or by subclassi
     model.compile(keras.optimizers.Adam(1e-3), "sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     model.fit(x_train, y_train, batch_size=16, epochs=3)   # updates of 64 samples
+
+``train_on_batch`` runs ONE micro-batch per call (one ``train_step``): the optimizer steps on
+every K-th call, with the mean gradient of the last K batches.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +44,8 @@ from accumcore.state import AccumulationState
 logger = logging.getLogger("accumcore")
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
+# Key under which get_compile_config() carries the accumulation settings (see there).
+_COMPILE_KEY = "accumcore_accumulation"
 
 
 class WindowFlushCallback(keras.callbacks.Callback):
@@ -85,6 +93,51 @@ _FUNCTIONAL = _functional_model_class()
 _FUNCTIONAL_VARIANTS: dict[type, type] = {}
 
 
+def _keras_keywords(functional: bool) -> tuple[str, ...]:
+    """Keyword arguments ``keras.Model.__init__`` uses (read in Keras 3.10 and 3.15).
+
+    Functional form: ``Functional.__init__(inputs, outputs, name=None, **kwargs)`` pops
+    ``trainable`` and silently ignores every other keyword. Subclassed form: the keywords of
+    ``keras.layers.Layer.__init__`` (read from its signature) plus ``input_shape`` /
+    ``input_dim``, which it also pops (it rejects anything else itself, with a ValueError).
+    """
+    if functional:
+        return ("inputs", "outputs", "name", "trainable")
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [p.name for p in inspect.signature(keras.layers.Layer.__init__).parameters.values()
+             if p.kind in kinds and p.name != "self"]
+    return tuple(dict.fromkeys([*names, "input_shape", "input_dim"]))
+
+
+class _AccumulationStore(keras.layers.Layer):
+    """Saves and loads an ``AccumModel``'s accumulation state under its own path in the file.
+
+    Keras's weight files give every object a path; a model's own path holds only its own
+    variables (none for a Functional model). Keeping the accumulation state under this child
+    path (``_accumulation_store/vars``) instead of the model's own path means that
+    ``load_weights`` into a plain ``keras.Model`` with the same layers (serving) finds exactly
+    the variables it expects and ignores this entry, while an ``AccumModel`` restores its
+    half-full window from it. It is not tracked as a layer (not in ``model.layers`` or
+    ``model.weights``); ``tf.train.Checkpoint`` tracks ``model.accumulation`` directly.
+    """
+
+    def __init__(self, model: keras.Model) -> None:
+        super().__init__(name="accumulation_store", trainable=False)
+        # A weak reference, untracked: Keras's saving walks this layer's attributes, and a
+        # strong one would lead it back to the model (a cycle); no tracking either.
+        object.__setattr__(self, "_owner", weakref.ref(model))
+        self.built = True
+
+    def save_own_variables(self, store) -> None:
+        for i, value in enumerate(self._owner()._accumulation_values_to_save()):
+            store[str(i)] = value
+
+    def load_own_variables(self, store) -> None:
+        keys = list(store.keys()) if store is not None else []
+        if keys:
+            self._owner()._restore_accumulation([store[str(i)] for i in range(len(keys))])
+
+
 def _is_functional_call(args: tuple, kwargs: dict) -> bool:
     """Same rule as Keras: ``(inputs, outputs)`` positionally or by keyword."""
     return len(args) == 2 or (len(args) == 1 and "outputs" in kwargs) or (
@@ -100,15 +153,32 @@ class AccumModel(keras.Model):
         *args: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
         **kwargs: as for ``keras.Model`` (e.g. ``name``).
         accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
-            is the micro-batch size b; the effective batch is K * b).
+            is the micro-batch size b; the effective batch is K * b). Required: without it,
+            ``fit`` / ``train_on_batch`` raise ``ValueError`` (pass ``accum_steps=1`` for no
+            accumulation). Construction itself does not raise, because Keras builds
+            AccumModels without it and passes the settings afterwards
+            (``keras.models.clone_model`` through the compile config, ``load_model`` through
+            ``from_config``); ``set_accumulation(accum_steps=K)`` sets it too.
         end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
         nonfinite: ``"raise"`` (default), ``"skip_micro_batch"`` or ``"skip_window"``.
         normalizer: ``"samples"`` (default), ``"sample_weight"`` or a callable
             ``(x, y, sample_weight) -> item count``.
 
+    Any other keyword raises ``TypeError`` naming it and the valid ones (a functional
+    ``keras.Model`` silently ignores unknown keywords, so ``accumulation_steps=4`` would train
+    with K = 1 unnoticed).
+
     The loss logged by ``fit`` is the true per-sample mean over the epoch. The accumulation
     state (a half-full window included) is saved with ``model.save`` / ``save_weights`` and
-    tracked by ``tf.train.Checkpoint(model=model)``.
+    tracked by ``tf.train.Checkpoint(model=model)``; in a weights file it sits under its own
+    path, so ``load_weights`` into a plain ``keras.Model`` of the same layers works (serving).
+
+    Keras workflows (README, "Keras workflows"): an unbuilt subclass is built on the first
+    batch, as a plain ``keras.Model`` subclass is; a model without trainable variables
+    (``model.trainable = False``) trains nothing, with a warning, as ``keras.Model.fit`` does;
+    ``keras.models.clone_model`` of a compiled AccumModel keeps its settings; stock
+    ``BatchNormalization`` layers draw one warning per model (use ``convert_batchnorm``);
+    ``train_on_batch`` runs one micro-batch per call.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
@@ -132,12 +202,20 @@ class AccumModel(keras.Model):
     def __init__(
         self,
         *args: Any,
-        accum_steps: int = 1,
+        accum_steps: int | None = None,
         end_of_epoch: str = "apply",
         nonfinite: str = "raise",
         normalizer: str | Callable = "samples",
         **kwargs: Any,
     ) -> None:
+        keras_keywords = _keras_keywords(isinstance(self, _FUNCTIONAL))
+        unknown = [k for k in kwargs if k not in keras_keywords]
+        if unknown:
+            raise TypeError(
+                f"AccumModel got unexpected keyword argument(s) {', '.join(unknown)}; valid "
+                f"keywords: {', '.join((*_CONFIG_KEYS, *keras_keywords))}. (K, the number of "
+                "micro-batches per optimizer update, is `accum_steps`.)"
+            )
         if isinstance(self, _FUNCTIONAL):
             # What keras.Model.__init__ does for functional arguments, minus rewriting the class
             # hierarchy: the trainer's own state, then the functional graph.
@@ -145,12 +223,15 @@ class AccumModel(keras.Model):
             _FUNCTIONAL.__init__(self, *args, **kwargs)
         else:
             super().__init__(*args, **kwargs)
-        self.accum_steps = check_accum_steps(accum_steps)
+        # None = not given: fit raises (class docstring). The state needs an int meanwhile.
+        self.accum_steps = None if accum_steps is None else check_accum_steps(accum_steps)
         self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
         self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
         self.normalizer = check_normalizer(normalizer)
-        self.accumulation = AccumulationState(self.accum_steps, nonfinite=self.nonfinite)
+        self.accumulation = AccumulationState(self.accum_steps or 1, nonfinite=self.nonfinite)
         self._accum_loss_tracker = keras.metrics.Mean(name="loss")
+        # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
+        object.__setattr__(self, "_accumulation_store", _AccumulationStore(self))
 
     # ------------------------------------------------------------------ config
     def get_config(self) -> dict:
@@ -160,7 +241,7 @@ class AccumModel(keras.Model):
                 "An AccumModel with a callable `normalizer` cannot be serialised; pass "
                 "normalizer='samples' or 'sample_weight', or re-create the model in code."
             )
-        config.update({k: getattr(self, k) for k in _CONFIG_KEYS})
+        config.update(self._settings())
         return config
 
     @classmethod
@@ -171,6 +252,30 @@ class AccumModel(keras.Model):
         if extra:
             model.set_accumulation(**extra)
         return model
+
+    def _settings(self) -> dict:
+        return {k: getattr(self, k) for k in _CONFIG_KEYS}
+
+    def get_compile_config(self) -> dict | None:
+        """Keras's compile config, plus the accumulation settings under one extra key.
+
+        ``keras.models.clone_model`` builds the clone of a functional model with
+        ``model.__class__(inputs, outputs, name=...)`` (it cannot pass ``accum_steps``), then
+        calls ``clone.compile_from_config(model.get_compile_config())`` if ``model`` is
+        compiled: carrying the settings here is how such a clone keeps K and the policies.
+        """
+        config = super().get_compile_config()
+        if config is not None:
+            config = {**config, _COMPILE_KEY: self._settings()}
+        return config
+
+    def compile_from_config(self, config: dict) -> None:
+        """Keras's ``compile_from_config``, then the settings of :meth:`get_compile_config`."""
+        config = dict(config)
+        settings = config.pop(_COMPILE_KEY, None)
+        super().compile_from_config(config)
+        if settings:
+            self.set_accumulation(**settings)
 
     def set_accumulation(
         self,
@@ -193,7 +298,8 @@ class AccumModel(keras.Model):
             self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
         if normalizer is not None:
             self.normalizer = check_normalizer(normalizer)
-        self.accumulation.accum_steps = self.accum_steps
+        if self.accum_steps is not None:
+            self.accumulation.accum_steps = self.accum_steps
         self.accumulation.nonfinite = self.nonfinite
         self.train_function = None  # retrace with the new settings
 
@@ -206,12 +312,59 @@ class AccumModel(keras.Model):
         return [self._accum_loss_tracker, *others]
 
     # ------------------------------------------------------------------ building
+    def _needs_build(self) -> bool:
+        """True while the model has no variables yet (an unbuilt subclass)."""
+        return not self.built or not self.variables
+
+    def _check_trainable(self) -> bool:
+        """Whether there is anything to train; warns (as ``keras.Model.fit`` does) if not.
+
+        Raises:
+            ValueError: if a partial window is pending while the model has no trainable
+                variables left (the pending gradients belong to variables now frozen).
+        """
+        if self.trainable_variables:
+            return True
+        if self.accumulation.built and int(self.accumulation.micro_step.numpy()):
+            raise ValueError(
+                "The model has no trainable variables now, but a partial window of "
+                f"{int(self.accumulation.micro_step.numpy())} micro-batch(es) is pending from "
+                "before they were frozen: call `model.flush_window()` before freezing "
+                "(`model.trainable = False`), or unfreeze the model."
+            )
+        warnings.warn(
+            f"AccumModel {self.name!r} has no trainable variables (`model.trainable = False`, "
+            "or every layer frozen): there is nothing to train, so this `fit` only computes the "
+            "loss and metrics, as keras.Model.fit does (\"The model does not have any "
+            "trainable weights\"). To train, set `model.trainable = True` (or unfreeze some "
+            "layers), then `compile` again.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False
+
     def build_accumulation(self) -> None:
         """Create the accumulators (called by ``fit`` once model and optimizer are built)."""
-        if not self.built or not self.trainable_variables:
+        if self.accum_steps is None:
+            raise ValueError(
+                "AccumModel was created without `accum_steps` (K, the number of micro-batches "
+                "per optimizer update), so it would silently train with K = 1. Pass it when "
+                "creating the model (`AccumModel(inputs, outputs, accum_steps=4)`; "
+                "`accum_steps=1` for no accumulation) or call "
+                "`model.set_accumulation(accum_steps=K)`. (keras.models.clone_model of an "
+                "*uncompiled* AccumModel cannot pass the settings on: set them on the clone.)"
+            )
+        if self._needs_build():
             raise ValueError(
                 "The model is not built, so accumcore cannot create its accumulators. Give it "
-                "an input shape (keras.Input, `model.build(input_shape)`) or call it once."
+                "an input shape (keras.Input, `model.build(input_shape)`) or call it once "
+                "(`fit` and `train_on_batch` build it on the first batch)."
+            )
+        if not self.trainable_variables:
+            raise ValueError(
+                "The model has no trainable variables (`model.trainable = False`, or every "
+                "layer frozen): there is nothing to accumulate. Set `model.trainable = True` "
+                "(or unfreeze some layers) and `compile` again."
             )
         if self.optimizer is not None:
             check_optimizer(self.optimizer)
@@ -220,14 +373,39 @@ class AccumModel(keras.Model):
             self.accumulation.build(self.trainable_variables)
         attach_window_layers(self, self.accumulation)  # window-level BN: one update per window
 
-    def make_train_function(self, force: bool = False):
-        self.build_accumulation()
+    def _build_optimizer(self) -> None:
         if self.optimizer is not None and not self.optimizer.built:
             # Before tracing: a LossScaleOptimizer's `scale_loss` must read its loss-scale
             # variable in the traced step, not the constant initial scale of an unbuilt one.
             with self.distribute_strategy.scope():
                 self.optimizer.build(self.trainable_variables)
+
+    def make_train_function(self, force: bool = False):
+        if self.accum_steps is None:
+            self.build_accumulation()  # raises, naming `accum_steps`
+        # An unbuilt subclass is built in the first traced step instead, from the first batch
+        # (`_build_on_first_batch`), as keras.Model.fit builds a plain subclass.
+        if not self._needs_build() and self._check_trainable():
+            self.build_accumulation()
+            self._build_optimizer()
         return super().make_train_function(force)
+
+    def _build_on_first_batch(self, x) -> None:
+        """Build model, accumulators and optimizer from the first batch's shapes, eagerly.
+
+        Runs in the first trace of the train step for a model ``fit`` could not build before
+        tracing (an unbuilt subclass): the model is called once on ``keras.KerasTensor`` s with
+        the batch's shapes and dtypes (symbolic: no data, no state update), and every variable
+        is created outside the graph (``tf.init_scope``).
+        """
+        def spec(t):
+            return keras.KerasTensor(tuple(t.shape), dtype=tf.as_dtype(t.dtype).name)
+
+        with tf.init_scope():
+            self(tf.nest.map_structure(spec, x), training=False)
+            if self._check_trainable():
+                self.build_accumulation()
+                self._build_optimizer()
 
     def fit(self, *args: Any, **kwargs: Any):
         """``keras.Model.fit``, with :class:`WindowFlushCallback` added first."""
@@ -252,6 +430,10 @@ class AccumModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if self._needs_build():
+            self._build_on_first_batch(x)
+        if not self.trainable_variables:  # nothing to train: loss and metrics only, as Keras
+            return self._untrained_step(x, y, sample_weight)
         out = summed_loss_gradients(
             self, self._loss_of, x, y, sample_weight,
             normalizer=self.normalizer, optimizer=self.optimizer,
@@ -267,6 +449,29 @@ class AccumModel(keras.Model):
         elif is_loss_scale_optimizer(self.optimizer):  # non-finite windows skipped (overflow)
             logs["skipped_windows"] = self.accumulation.windows_skipped
         return logs
+
+    def _untrained_step(self, x, y, sample_weight):
+        """A training step without trainable variables: forward pass, loss and metrics; no
+        gradient, no accumulation (what ``keras.Model.train_step`` does in that case)."""
+        y_pred = self(x, training=True)
+        loss = self._loss_of(x, y, y_pred, sample_weight)
+        self._accum_loss_tracker.update_state(
+            loss * replica_loss_factor(), sample_weight=tf.cast(batch_size_of(x), tf.float32)
+        )
+        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    def train_on_batch(self, *args: Any, **kwargs: Any):
+        """``keras.Model.train_on_batch``, which here runs ONE micro-batch (one ``train_step``).
+
+        The optimizer steps on every ``accum_steps``-th call, with the mean gradient of the
+        last K batches: K calls with b samples each equal one ``train_on_batch`` of the K * b
+        samples on a plain model. The calls in between only accumulate; the returned loss is
+        this micro-batch's. A partial window is applied by ``model.flush_window()``. A
+        non-finite gradient raises ``NonFiniteGradientError`` here, as in ``fit``.
+        """
+        result = super().train_on_batch(*args, **kwargs)
+        self.accumulation.raise_if_nonfinite()
+        return result
 
     def test_step(self, data):
         # evaluate() and fit's validation. `metrics` replaces Keras's loss tracker by ours, so
@@ -315,25 +520,45 @@ class AccumModel(keras.Model):
             s.samples_dropped, s.window_poisoned,
         ]
 
-    def save_own_variables(self, store) -> None:
-        super().save_own_variables(store)
-        if self.built and self.trainable_variables:
-            self.build_accumulation()
-            for i, v in enumerate(self._accumulation_variables()):
-                store[f"accumcore_{i}"] = v.numpy()
+    def _accumulation_values_to_save(self) -> list:
+        """The accumulation state's values, for ``_AccumulationStore`` (empty: nothing to save)."""
+        if not self.accumulation.built:
+            if self._needs_build() or not self.trainable_variables or self.accum_steps is None:
+                return []
+            self.build_accumulation()  # zeros: a file always restores a clean window
+        return [v.numpy() for v in self._accumulation_variables()]
+
+    def _restore_accumulation(self, values: list) -> None:
+        """Load saved accumulation-state values (from ``_AccumulationStore`` or an old file)."""
+        if not self.trainable_variables:
+            pending = int(values[-10]) if len(values) >= 11 else 0  # the saved micro_step
+            if pending:
+                raise ValueError(
+                    f"The saved accumulation state holds a partial window of {pending} "
+                    "micro-batch(es), but this model has no trainable variables to apply it "
+                    "to: unfreeze the model before loading, or save after `flush_window()`."
+                )
+            return  # an empty window: nothing to restore into a frozen model
+        if self.optimizer is not None:
+            check_optimizer(self.optimizer)
+        with self.distribute_strategy.scope():
+            self.accumulation.build(self.trainable_variables)
+        attach_window_layers(self, self.accumulation)
+        variables = self._accumulation_variables()
+        if len(values) != len(variables):
+            raise ValueError(
+                f"Saved accumulation state has {len(values)} entries, this model needs "
+                f"{len(variables)}: the file was saved from a different architecture (or with "
+                "a different set of trainable variables)."
+            )
+        for v, value in zip(variables, values, strict=True):
+            v.assign(value)
 
     def load_own_variables(self, store) -> None:
+        # Files written before the state moved to its own path (`_AccumulationStore`) kept it
+        # in the model's own store as `accumcore_<i>`: still readable.
         own = {k: store[k] for k in store.keys() if not str(k).startswith("accumcore_")}
         super().load_own_variables(own)
         keys = [k for k in store.keys() if str(k).startswith("accumcore_")]
-        if not keys:
-            return
-        self.build_accumulation()
-        variables = self._accumulation_variables()
-        if len(keys) != len(variables):
-            raise ValueError(
-                f"Saved accumulation state has {len(keys)} entries, this model needs "
-                f"{len(variables)}: the file was saved from a different architecture."
-            )
-        for i, v in enumerate(variables):
-            v.assign(store[f"accumcore_{i}"])
+        if keys:
+            self._restore_accumulation([store[f"accumcore_{i}"] for i in range(len(keys))])
