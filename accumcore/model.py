@@ -39,7 +39,7 @@ from accumcore.config import (
 )
 from accumcore.core import batch_size_of, replica_loss_factor, summed_loss_gradients
 from accumcore.distribute import is_loss_scale_optimizer
-from accumcore.state import AccumulationState
+from accumcore.state import AccumulationState, saved_micro_step
 
 logger = logging.getLogger("accumcore")
 
@@ -512,26 +512,18 @@ class AccumModel(keras.Model):
             self.accumulation.drop_window()
 
     # ------------------------------------------------------------------ saving
-    def _accumulation_variables(self) -> list[tf.Variable]:
-        s = self.accumulation
-        return [
-            *s.accumulators, s.window_weight, s.micro_step, s.window_samples, s.windows_applied,
-            s.windows_skipped, s.micro_batches_seen, s.micro_batches_skipped, s.samples_seen,
-            s.samples_dropped, s.window_poisoned,
-        ]
-
     def _accumulation_values_to_save(self) -> list:
         """The accumulation state's values, for ``_AccumulationStore`` (empty: nothing to save)."""
         if not self.accumulation.built:
             if self._needs_build() or not self.trainable_variables or self.accum_steps is None:
                 return []
             self.build_accumulation()  # zeros: a file always restores a clean window
-        return [v.numpy() for v in self._accumulation_variables()]
+        return [v.numpy() for v in self.accumulation.variables_for_saving()]
 
     def _restore_accumulation(self, values: list) -> None:
         """Load saved accumulation-state values (from ``_AccumulationStore`` or an old file)."""
         if not self.trainable_variables:
-            pending = int(values[-10]) if len(values) >= 11 else 0  # the saved micro_step
+            pending = saved_micro_step(values)
             if pending:
                 raise ValueError(
                     f"The saved accumulation state holds a partial window of {pending} "
@@ -544,7 +536,7 @@ class AccumModel(keras.Model):
         with self.distribute_strategy.scope():
             self.accumulation.build(self.trainable_variables)
         attach_window_layers(self, self.accumulation)
-        variables = self._accumulation_variables()
+        variables = self.accumulation.variables_for_saving()
         if len(values) != len(variables):
             raise ValueError(
                 f"Saved accumulation state has {len(values)} entries, this model needs "

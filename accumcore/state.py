@@ -133,6 +133,17 @@ _SCALARS = (
 )
 
 
+def saved_micro_step(values: Sequence) -> int:
+    """The pending window's micro-batch count in values saved from :meth:`variables_for_saving`.
+
+    Readable without building a state (e.g. to refuse loading a partial window into a model
+    that has nothing to apply it to): the saved scalars come last, in ``_SCALARS`` order.
+    """
+    saved = [s.name for s in _SCALARS if s.saved]
+    index = len(values) - len(saved) + saved.index("micro_step")
+    return int(values[index]) if 0 <= index < len(values) else 0
+
+
 class AccumulationState(tf.Module):
     """Gradient accumulators and window counters (trackable; checkpoint it mid-window).
 

@@ -187,3 +187,15 @@ def test_loss_scale_mirror_follows_keras_loss_scale_optimizer(compiled: bool) ->
         scales.append(loss_scaling.loss_scale(keras_opt))
     # The sequence exercised growth and halving (else the comparison above proves little).
     assert scales[:4] == [16.0, 32.0, 32.0, 16.0] and min(scales) < max(scales)
+
+
+def test_saved_micro_step_reads_the_pending_count_from_saved_values():
+    from accumcore.state import saved_micro_step
+
+    state = ac.AccumulationState(3)
+    state.build([tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros(2))])
+    state.micro_step.assign(2)
+    values = [v.numpy() for v in state.variables_for_saving()]
+    assert saved_micro_step(values) == 2
+    state.micro_step.assign(0)
+    assert saved_micro_step([v.numpy() for v in state.variables_for_saving()]) == 0
