@@ -21,6 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from accumcore import compat
 from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
@@ -75,13 +76,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self.model.end_window_of_epoch(epoch)
 
 
-def _functional_model_class() -> type:
-    """Keras's functional-model class, found through the public API."""
-    x = keras.Input((1,))
-    return type(keras.Model(x, x))
-
-
-_FUNCTIONAL = _functional_model_class()
+# Keras's functional-model class comes from compat.functional_model_class() (found without
+# building a model: no model is built at import).
 _FUNCTIONAL_VARIANTS: dict[type, type] = {}
 
 
@@ -115,10 +111,11 @@ class AccumModel(keras.Model):
         # Called functionally, Keras would rewrite this class's bases to include Functional,
         # permanently, which breaks later *subclassing* of AccumModel in the same process. Build
         # the functional form as a separate subclass (cls + Functional) instead.
-        if _is_functional_call(args, kwargs) and not issubclass(cls, _FUNCTIONAL):
+        functional = compat.functional_model_class()
+        if _is_functional_call(args, kwargs) and not issubclass(cls, functional):
             if cls not in _FUNCTIONAL_VARIANTS:
                 variant = type(
-                    cls.__name__, (cls, _FUNCTIONAL),
+                    cls.__name__, (cls, functional),
                     {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
                 )
                 registered = keras.saving.get_registered_name(cls)
@@ -138,11 +135,12 @@ class AccumModel(keras.Model):
         normalizer: str | Callable = "samples",
         **kwargs: Any,
     ) -> None:
-        if isinstance(self, _FUNCTIONAL):
+        functional = compat.functional_model_class()
+        if isinstance(self, functional):
             # What keras.Model.__init__ does for functional arguments, minus rewriting the class
             # hierarchy: the trainer's own state, then the functional graph.
             super(keras.Model, self).__init__()
-            _FUNCTIONAL.__init__(self, *args, **kwargs)
+            functional.__init__(self, *args, **kwargs)
         else:
             super().__init__(*args, **kwargs)
         self.accum_steps = check_accum_steps(accum_steps)
@@ -247,8 +245,8 @@ class AccumModel(keras.Model):
                 "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
                 "sample_weight)` tuples."
             )
-        return self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=True)
+        return compat.compute_loss(self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                   training=True)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -273,8 +271,8 @@ class AccumModel(keras.Model):
         # ours must be fed here too (else val_loss is 0): mean loss weighted by batch size.
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=False)
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=False)
+        loss = compat.compute_loss(self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                   training=False)
         self._accum_loss_tracker.update_state(
             loss * replica_loss_factor(), sample_weight=tf.cast(batch_size_of(x), tf.float32)
         )
