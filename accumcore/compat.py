@@ -25,9 +25,9 @@ def functional_model_class() -> type:
 
     Keras exports no name for it (it lives in the private ``keras.src``); ``keras.Model.__new__``
     is what picks it for the ``(inputs, outputs)`` call form, in every Keras 3. So ask
-    ``keras.Model.__new__`` alone (not ``__init__``), once, at the first functional
-    ``AccumModel`` (never at import), with a one-layer graph that has no weights and explicit
-    names (it takes no automatic layer or model name from the user's models):
+    ``keras.Model.__new__`` alone (not ``__init__``), once per process, when the first
+    ``AccumModel`` is constructed (never at import), with a one-layer graph that has no weights
+    and explicit names (it takes no automatic layer or model name from the user's models):
 
     - Keras >= 3.4: ``__new__`` only allocates the object; nothing is built.
     - Keras 3.0-3.3: ``__new__`` constructs the whole functional model (Keras then runs
