@@ -15,20 +15,49 @@ __version__ = "0.1.0"
 
 
 def _check_tensorflow() -> None:
+    """Raises ``ImportError`` naming the versions found and supported unless TF/Keras fit.
+
+    Supported: TensorFlow >= 2.19 with Keras >= 3.10 (Keras 3 on the TensorFlow backend). CI runs
+    TF 2.19.0 + Keras 3.10.0 (Colab's) and TF 2.21.0 + Keras 3.15.1; newer releases are not
+    refused. TF 2.16.2 + Keras 3.3.3 was tried and is not supported (the README's "Supported
+    versions" lists what differs there).
+    """
+    import re
+
+    supported = (
+        "accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 on the TensorFlow backend "
+        "(tested: TF 2.19.0 + Keras 3.10.0, TF 2.21.0 + Keras 3.15.1)"
+    )
+
+    def major_minor(version: str) -> tuple[int, int]:
+        match = re.match(r"(\d+)\.(\d+)", version)
+        return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+
     try:
         import tensorflow as tf
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "accumcore needs TensorFlow >= 2.16 (Keras 3). Install it with "
-            "`pip install tensorflow` (or `tensorflow-cpu`), or `pip install accumcore[tf]`."
+            f"{supported}; found no TensorFlow ({err}). Install it with `pip install "
+            "tensorflow` (or `tensorflow-cpu`), or `pip install accumcore[tf]`."
         ) from err
-    import keras
-
-    major_minor = tuple(int(p) for p in tf.__version__.split(".")[:2])
-    if major_minor < (2, 16) or int(keras.__version__.split(".")[0]) < 3:
+    try:
+        import keras
+    except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(
-            f"accumcore needs TensorFlow >= 2.16 with Keras 3; found TensorFlow "
-            f"{tf.__version__} and Keras {keras.__version__}."
+            f"{supported}; found TensorFlow {tf.__version__} and no Keras ({err}). Install it "
+            "with `pip install \"keras>=3.10\"`."
+        ) from err
+    found = f"found TensorFlow {tf.__version__} with Keras {keras.__version__}"
+    if major_minor(tf.__version__) < (2, 19) or major_minor(keras.__version__) < (3, 10):
+        raise ImportError(
+            f"{supported}; {found}. Upgrade with `pip install -U \"tensorflow>=2.19\" "
+            "\"keras>=3.10\"` (Keras 2 / tf.keras is not supported)."
+        )
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        raise ImportError(
+            f"{supported}; {found} on the {backend!r} backend. Set KERAS_BACKEND=tensorflow "
+            "before importing keras."
         )
 
 

@@ -47,6 +47,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from accumcore import compat
+
 __all__ = [
     "WindowBatchNormalization",
     "attach_window_layers",
@@ -105,7 +107,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.renorm:
+        if compat.batchnorm_renorm(self):
             raise ValueError(
                 "WindowBatchNormalization does not support `renorm=True` (batch "
                 "renormalisation keeps its own per-step statistics). Use "

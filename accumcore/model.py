@@ -27,6 +27,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from accumcore import compat
 from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
@@ -83,13 +84,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self.model.end_window_of_epoch(epoch)
 
 
-def _functional_model_class() -> type:
-    """Keras's functional-model class, found through the public API."""
-    x = keras.Input((1,))
-    return type(keras.Model(x, x))
-
-
-_FUNCTIONAL = _functional_model_class()
+# Keras's functional-model class comes from compat.functional_model_class() (found without
+# building a model: no model is built at import).
 _FUNCTIONAL_VARIANTS: dict[type, type] = {}
 
 
@@ -121,21 +117,24 @@ class _AccumulationStore(keras.layers.Layer):
     ``model.weights``); ``tf.train.Checkpoint`` tracks ``model.accumulation`` directly.
     """
 
-    def __init__(self, model: keras.Model) -> None:
+    def __init__(self, save: Callable[[], list], restore: Callable[[list], None]) -> None:
+        """``save()`` returns the values to write; ``restore(values)`` loads them (bound
+        methods of the model, held weakly)."""
         super().__init__(name="accumulation_store", trainable=False)
-        # A weak reference, untracked: Keras's saving walks this layer's attributes, and a
+        # Weak references, untracked: Keras's saving walks this layer's attributes, and a
         # strong one would lead it back to the model (a cycle); no tracking either.
-        object.__setattr__(self, "_owner", weakref.ref(model))
+        object.__setattr__(self, "_save", weakref.WeakMethod(save))
+        object.__setattr__(self, "_restore", weakref.WeakMethod(restore))
         self.built = True
 
     def save_own_variables(self, store) -> None:
-        for i, value in enumerate(self._owner()._accumulation_values_to_save()):
+        for i, value in enumerate(self._save()()):
             store[str(i)] = value
 
     def load_own_variables(self, store) -> None:
         keys = list(store.keys()) if store is not None else []
         if keys:
-            self._owner()._restore_accumulation([store[str(i)] for i in range(len(keys))])
+            self._restore()([store[str(i)] for i in range(len(keys))])
 
 
 def _is_functional_call(args: tuple, kwargs: dict) -> bool:
@@ -185,10 +184,11 @@ class AccumModel(keras.Model):
         # Called functionally, Keras would rewrite this class's bases to include Functional,
         # permanently, which breaks later *subclassing* of AccumModel in the same process. Build
         # the functional form as a separate subclass (cls + Functional) instead.
-        if _is_functional_call(args, kwargs) and not issubclass(cls, _FUNCTIONAL):
+        functional = compat.functional_model_class()
+        if _is_functional_call(args, kwargs) and not issubclass(cls, functional):
             if cls not in _FUNCTIONAL_VARIANTS:
                 variant = type(
-                    cls.__name__, (cls, _FUNCTIONAL),
+                    cls.__name__, (cls, functional),
                     {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
                 )
                 registered = keras.saving.get_registered_name(cls)
@@ -208,7 +208,8 @@ class AccumModel(keras.Model):
         normalizer: str | Callable = "samples",
         **kwargs: Any,
     ) -> None:
-        keras_keywords = _keras_keywords(isinstance(self, _FUNCTIONAL))
+        functional = compat.functional_model_class()
+        keras_keywords = _keras_keywords(isinstance(self, functional))
         unknown = [k for k in kwargs if k not in keras_keywords]
         if unknown:
             raise TypeError(
@@ -216,11 +217,11 @@ class AccumModel(keras.Model):
                 f"keywords: {', '.join((*_CONFIG_KEYS, *keras_keywords))}. (K, the number of "
                 "micro-batches per optimizer update, is `accum_steps`.)"
             )
-        if isinstance(self, _FUNCTIONAL):
+        if isinstance(self, functional):
             # What keras.Model.__init__ does for functional arguments, minus rewriting the class
             # hierarchy: the trainer's own state, then the functional graph.
             super(keras.Model, self).__init__()
-            _FUNCTIONAL.__init__(self, *args, **kwargs)
+            functional.__init__(self, *args, **kwargs)
         else:
             super().__init__(*args, **kwargs)
         # None = not given: fit raises (class docstring). The state needs an int meanwhile.
@@ -231,7 +232,9 @@ class AccumModel(keras.Model):
         self.accumulation = AccumulationState(self.accum_steps or 1, nonfinite=self.nonfinite)
         self._accum_loss_tracker = keras.metrics.Mean(name="loss")
         # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
-        object.__setattr__(self, "_accumulation_store", _AccumulationStore(self))
+        object.__setattr__(self, "_accumulation_store", _AccumulationStore(
+            self._accumulation_values_to_save, self._restore_accumulation
+        ))
 
     # ------------------------------------------------------------------ config
     def get_config(self) -> dict:
@@ -425,8 +428,8 @@ class AccumModel(keras.Model):
                 "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
                 "sample_weight)` tuples."
             )
-        return self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=True)
+        return compat.compute_loss(self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                   training=True)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -478,8 +481,8 @@ class AccumModel(keras.Model):
         # ours must be fed here too (else val_loss is 0): mean loss weighted by batch size.
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         y_pred = self(x, training=False)
-        loss = self.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                 training=False)
+        loss = compat.compute_loss(self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
+                                   training=False)
         self._accum_loss_tracker.update_state(
             loss * replica_loss_factor(), sample_weight=tf.cast(batch_size_of(x), tf.float32)
         )

@@ -20,4 +20,6 @@ python benchmarks/run.py --quick --out "$bench_out"
 python benchmarks/run.py --check "$bench_out"
 rm -rf "$bench_out"
 
+bash scripts/test-stacks.sh  # Colab's TF 2.19 + Keras 3.10: fast unit tests + nbval (README)
+
 echo "== all checks passed in $(( $(date +%s) - start )) s"
