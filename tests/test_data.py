@@ -82,3 +82,28 @@ def test_preprocess_and_subset():
     assert float(ac.lab.data.preprocess(images).max()) == 1.0
     data = ac.MNIST(images, np.arange(3), images, np.arange(3), source="keras")
     assert len(ac.lab.data.subset(data, 2, 1).x_train) == 2
+
+
+@pytest.mark.skipif(not os.path.isfile(SHARED_MNIST), reason="../shared/data/mnist.npz absent")
+def test_quiet_hides_the_failed_download_and_the_directory(monkeypatch, capsys):
+    def noisy_fail():
+        print("Downloading data from https://storage.googleapis.com/.../mnist.npz")
+        raise OSError("simulated: no internet")
+
+    monkeypatch.setattr(keras.datasets.mnist, "load_data", noisy_fail)
+    monkeypatch.setenv(MNIST_PATH_ENV, SHARED_MNIST)
+    data = ac.load_mnist(quiet=True)
+    out = capsys.readouterr().out
+    assert "Downloading" not in out and os.path.dirname(os.path.abspath(SHARED_MNIST)) not in out
+    assert "local copy, mnist.npz" in out  # still says which source was used
+    assert data.source == "file:" + os.path.abspath(SHARED_MNIST)  # the full path is kept
+    ac.load_mnist()  # without quiet: Keras's line and the full path are shown
+    out = capsys.readouterr().out
+    assert "Downloading" in out and os.path.abspath(SHARED_MNIST) in out
+
+
+def test_quiet_still_raises_when_no_source_works(monkeypatch):
+    _offline(monkeypatch)
+    monkeypatch.delenv(MNIST_PATH_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=MNIST_PATH_ENV):
+        ac.load_mnist(quiet=True)

@@ -35,8 +35,8 @@ def edition_note(quick: bool, *, what: str = "") -> str:
     detail = f" ({what})" if what else ""
     text = (
         f"> **Quick edition.** This page was executed in quick mode{detail}: the same code on "
-        "less data, so every number on it is a quick-mode number. The full edition runs "
-        "without `ACCUMCORE_QUICK`."
+        "less data, so what it computes are quick-mode numbers, and the sentences that quote "
+        "them quote these. The full edition runs without `ACCUMCORE_QUICK`."
     )
     display(Markdown(text))
     return text

@@ -9,6 +9,8 @@ raises an error naming both.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from dataclasses import dataclass
 
@@ -55,13 +57,17 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
     return arrays
 
 
-def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
+def load_mnist(path: str | None = None, *, verbose: bool = True, quiet: bool = False) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
         path: a local ``mnist.npz`` to use when the Keras download fails. Defaults to the
             ``ACCUMCORE_MNIST_PATH`` environment variable.
         verbose: print which source was used.
+        quiet: for pages that readers read (the book): hide what Keras prints while it tries
+            the download (e.g. the "Downloading data from ..." line of a failed attempt) and,
+            when ``verbose``, name a local file by its file name only, not its directory.
+            The source is still said; errors are raised exactly as without ``quiet``.
 
     Returns:
         An :class:`MNIST` with uint8 arrays and ``source``.
@@ -72,7 +78,11 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     try:
         import keras
 
-        (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
+        if quiet:  # Keras prints its download attempt; a reader need not see it fail
+            with contextlib.redirect_stdout(io.StringIO()):
+                (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
+        else:
+            (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
         data = MNIST(x_train, y_train, x_test, y_test, source="keras")
     except Exception as download_error:  # noqa: BLE001 - any failure falls back to the file
         local = path or os.environ.get(MNIST_PATH_ENV)
@@ -91,7 +101,12 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
         arrays = _read_npz(local)
         data = MNIST(**arrays, source=f"file:{os.path.abspath(local)}")
     if verbose:
-        where = "keras.datasets.mnist (download/cache)" if data.source == "keras" else data.source
+        if data.source == "keras":
+            where = "keras.datasets.mnist (download/cache)"
+        elif quiet:
+            where = f"a local copy, {os.path.basename(data.source)} (no download)"
+        else:
+            where = data.source
         print(f"MNIST loaded from {where}: {len(data.x_train)} train, {len(data.x_test)} test")
     return data
 
