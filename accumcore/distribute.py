@@ -466,3 +466,9 @@ def first_local(strategy: tf.distribute.Strategy | None, x: Any) -> Any:
 def distribute_dataset(strategy: tf.distribute.Strategy, dataset: tf.data.Dataset):
     """Split each global micro-batch of ``dataset`` across the replicas (may be ragged)."""
     return strategy.experimental_distribute_dataset(dataset)
+
+
+def forget_functions(state) -> None:
+    """Drop the compiled cross-replica functions of ``state`` (its accumulators were re-created
+    for a new trainable set; the old functions captured the old ones)."""
+    _FUNCTIONS.pop(state, None)
