@@ -64,7 +64,7 @@ def loss_reductions(loss: Any) -> list[str | None] | None:
 
     Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
     accumcore's :class:`FunctionLoss` wrapper: the function decides), else one entry per loss
-    (names resolve to Keras losses with the default ``"sum_over_batch_size"``).
+    (a name stands for a Keras loss with the default ``"sum_over_batch_size"``).
     """
     if loss is None:
         return None
@@ -73,8 +73,9 @@ def loss_reductions(loss: Any) -> list[str | None] | None:
     for leaf in leaves:
         if leaf is None:
             continue
-        if isinstance(leaf, str):
-            leaf = keras.losses.get(leaf)
+        if isinstance(leaf, str):  # `compile` and `as_loss_fn` wrap names with the default
+            reductions.append("sum_over_batch_size")
+            continue
         if isinstance(leaf, FunctionLoss) or not isinstance(leaf, keras.losses.Loss):
             return None  # a function: it returns its own (mean) value; trust the normaliser
         reductions.append(getattr(leaf, "reduction", "sum_over_batch_size"))

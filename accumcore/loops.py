@@ -193,7 +193,7 @@ class AccumTrainer:
         self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
         self.normalizer = check_normalizer(normalizer)
         # What the window rule uses: the normaliser matching the loss's reduction.
-        self._normalizer = resolve_normalizer(self.normalizer, self.loss)
+        self._normalizer = resolve_normalizer(self.normalizer, loss)
         self.jit_compile = bool(jit_compile)
         self.micro_batch_size = micro_batch_size
         self.state = AccumulationState(k, nonfinite=nonfinite)
@@ -483,8 +483,8 @@ class AccumTrainer:
             for name, value in (("y", y), ("sample_weight", sample_weight),
                                 ("batch_size", batch_size)):
                 if value is not None:
-                    hint = " (did you mean `epochs=`?)" if name == "y" and isinstance(
-                        value, int) else ""
+                    hint = " (did you mean `epochs=`?)" if name != "sample_weight" and (
+                        isinstance(value, int)) else ""
                     raise ValueError(
                         f"`{name}` must not be given with a dataset{hint}: the dataset yields "
                         "micro-batches of `(x, y)` or `(x, y, sample_weight)`; batch it with "
@@ -563,7 +563,8 @@ class AccumTrainer:
             x: a ``tf.data.Dataset`` yielding ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
                 micro-batches (batch it with the micro-batch size b), or numpy arrays /
                 tensors (a list or dict for several inputs) with ``y`` and ``batch_size``.
-            y, sample_weight: arrays, only with array ``x``.
+            y, sample_weight: arrays, only with array ``x``. (``fit(dataset, 3)`` still means
+                3 epochs, as in accumcore's earlier ``fit(dataset, epochs)``.)
             batch_size: the micro-batch size b for arrays (default: the trainer's
                 ``micro_batch_size``, else 32 as in Keras). Not with a dataset.
             epochs: number of epochs.
@@ -587,6 +588,9 @@ class AccumTrainer:
             A :class:`LoopHistory`.
         """
         check_choice(mode, "mode", MODES)
+        if isinstance(x, tf.data.Dataset) and isinstance(y, int) and not isinstance(y, bool) and (
+                batch_size is None and epochs == 1):
+            y, epochs = None, y  # accumcore's earlier signature: fit(dataset, epochs)
         dataset = self._as_dataset(x, y, sample_weight, batch_size, shuffle)
         cardinality = int(dataset.cardinality())
         if cardinality == 0:

@@ -292,7 +292,8 @@ def test_fit_rejects_keras_arguments_that_do_not_apply(data):
     with pytest.raises(ValueError, match="`batch_size` must not be given with a dataset"):
         trainer.fit(_ds(x, y), batch_size=8, verbose=0)
     with pytest.raises(ValueError, match="did you mean `epochs=`"):
-        trainer.fit(_ds(x, y), 2, verbose=0)
+        trainer.fit(_ds(x, y), None, 2, verbose=0)  # Keras's positions: x, y, batch_size
+    assert trainer.fit(_ds(x, y), 2, verbose=0).updates == [2, 2]  # the earlier fit(ds, epochs)
     with pytest.raises(TypeError, match=r"from_tensor_slices"):
         trainer.fit((b for b in [(x, y)]), verbose=0)
     with pytest.raises(ValueError, match="same number of samples"):
