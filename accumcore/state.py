@@ -95,9 +95,9 @@ class AccumulationState(tf.Module):
         self._has_gradient: list[bool] = []
         self._variables = _Untracked(())
         self._built = False
-        #: True (default): the window's gradient sum is divided by its weight ``sum_i c_i``
-        #: (mean losses). False: applied as it is, for losses that are already sums
-        #: (``reduction="sum"``); set by AccumTrainer / AccumModel from the loss.
+        #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
+        #: default, for mean losses); if not, it is applied as it is, for losses that are
+        #: already sums (``reduction="sum"``). AccumTrainer / AccumModel set it from the loss.
         self.normalize = True
         self._strategy = None  # the tf.distribute strategy the variables were built under
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
