@@ -105,14 +105,32 @@ def check_normalizer(normalizer: Any) -> str | Callable:
     return check_choice(normalizer, "normalizer", NORMALIZERS)
 
 
+def get_optimizer(optimizer: Any) -> Any:
+    """An optimizer instance from an instance, a name (``"adam"``) or a config dict, as
+    ``model.compile`` accepts (``keras.optimizers.get``); then :func:`check_optimizer`."""
+    import keras
+
+    if isinstance(optimizer, (str, dict)):
+        try:
+            optimizer = keras.optimizers.get(optimizer)
+        except ValueError as err:
+            raise ValueError(
+                f"Unknown `optimizer`={optimizer!r}: pass a Keras optimizer name such as "
+                f"'adam' or 'sgd', or an instance such as keras.optimizers.Adam(1e-3) ({err})."
+            ) from err
+    check_optimizer(optimizer)
+    return optimizer
+
+
 def check_optimizer(optimizer: Any) -> None:
     """Reject optimizers that would accumulate a second time, or are not Keras 3 optimizers."""
     import keras
 
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(
-            f"`optimizer` must be a Keras 3 optimizer instance (e.g. keras.optimizers.Adam()), "
-            f"got {type(optimizer).__name__}."
+            f"`optimizer` must be a Keras 3 optimizer (an instance such as "
+            f"keras.optimizers.Adam(1e-3), or a name such as 'adam'), got "
+            f"{type(optimizer).__name__}."
         )
     inner = getattr(optimizer, "inner_optimizer", None)
     for opt in (optimizer, inner):

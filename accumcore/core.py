@@ -39,12 +39,95 @@ def micro_batch_weight(
       (``reduction="mean_with_sample_weight"``).
     * a callable ``f(x, y, sample_weight) -> scalar``: e.g. the number of valid tokens, for a
       loss that is the mean over those tokens.
+    * ``"sum"`` (resolved from a loss with ``reduction="sum"``, see :func:`resolve_normalizer`):
+      the number of samples, recorded for logging only (summed losses are not divided).
     """
     if callable(normalizer):
         return tf.cast(normalizer(x, y, sample_weight), tf.float32)
     if normalizer == "sample_weight" and sample_weight is not None:
         return tf.reduce_sum(tf.cast(sample_weight, tf.float32))
     return tf.cast(batch_size_of(x), tf.float32)
+
+
+#: Keras loss reductions and the normaliser that makes a window exact for each (see
+#: :func:`resolve_normalizer`). "mean" is Keras's alias of "sum_over_batch_size".
+REDUCTION_NORMALIZERS = {
+    "sum_over_batch_size": "samples",
+    "mean": "samples",
+    "mean_with_sample_weight": "sample_weight",
+    "sum": "sum",
+}
+
+
+def loss_reductions(loss: Any) -> list[str | None] | None:
+    """The ``reduction`` of each Keras loss in ``loss`` (a loss, a name, a list or dict of them).
+
+    Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
+    accumcore's :class:`FunctionLoss` wrapper: the function decides), else one entry per loss
+    (a name stands for a Keras loss with the default ``"sum_over_batch_size"``).
+    """
+    if loss is None:
+        return None
+    leaves = tf.nest.flatten(loss)
+    reductions: list[str | None] = []
+    for leaf in leaves:
+        if leaf is None:
+            continue
+        if isinstance(leaf, str):  # `compile` and `as_loss_fn` wrap names with the default
+            reductions.append("sum_over_batch_size")
+            continue
+        if isinstance(leaf, FunctionLoss) or not isinstance(leaf, keras.losses.Loss):
+            return None  # a function: it returns its own (mean) value; trust the normaliser
+        reductions.append(getattr(leaf, "reduction", "sum_over_batch_size"))
+    return reductions or None
+
+
+def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Callable:
+    """The normaliser that makes accumulation exact for ``loss``, checked against ``normalizer``.
+
+    Args:
+        normalizer: the user's choice: ``None`` or ``"samples"`` (the default: follow the
+            loss), ``"sample_weight"``, or a callable item count (always kept).
+        loss: the loss (see :func:`loss_reductions`).
+
+    Returns:
+        ``"samples"`` for ``sum_over_batch_size``/``mean`` losses, ``"sample_weight"`` for
+        ``mean_with_sample_weight``, ``"sum"`` for ``reduction="sum"`` (no division: the loss
+        is already a sum), or the callable.
+
+    Raises:
+        ValueError: for ``reduction=None``/``"none"`` (per-sample losses, not a scalar), for
+            losses with different normalisers in one model, and for an explicit
+            ``"sample_weight"`` that contradicts the loss's reduction.
+    """
+    if callable(normalizer):
+        return normalizer
+    reductions = loss_reductions(loss)
+    if reductions is None:
+        return normalizer or "samples"
+    unsupported = [r for r in reductions if r not in REDUCTION_NORMALIZERS]
+    if unsupported:
+        raise ValueError(
+            f"The loss has reduction={unsupported[0]!r}: it returns one value per sample, and "
+            "accumcore needs a scalar. Use reduction='sum_over_batch_size' (the default), "
+            "'mean_with_sample_weight' or 'sum', which are exact under accumulation."
+        )
+    matching = {REDUCTION_NORMALIZERS[r] for r in reductions}
+    if len(matching) > 1:
+        raise ValueError(
+            f"The model's losses have reductions {sorted(set(reductions))}, which need "
+            "different normalisers; accumulation can be exact for one only. Give every output "
+            "the same reduction (e.g. the default 'sum_over_batch_size')."
+        )
+    (resolved,) = matching
+    if normalizer == "sample_weight" and resolved != "sample_weight":
+        raise ValueError(
+            f"normalizer='sample_weight' does not match the loss's reduction "
+            f"{reductions[0]!r}, which divides by the number of loss elements (or not at all "
+            "for 'sum'): leave `normalizer` unset, or use "
+            "reduction='mean_with_sample_weight' for a loss normalised by the weight sum."
+        )
+    return resolved
 
 
 def replica_loss_factor() -> float:
@@ -126,7 +209,8 @@ def summed_loss_gradients(
         loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's *mean*
             loss (float scalar), e.g. ``model.compute_loss``.
         x, y, sample_weight: one micro-batch.
-        normalizer: how to weigh the micro-batch (see :func:`micro_batch_weight`).
+        normalizer: how to weigh the micro-batch (see :func:`micro_batch_weight`); ``"sum"``
+            for a summed loss (its gradient is accumulated as it is).
         optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).
 
     Returns:
@@ -135,11 +219,20 @@ def summed_loss_gradients(
     """
     variables = model.trainable_variables
     weight = micro_batch_weight(normalizer, x, y, sample_weight)
+    summed_loss = normalizer == "sum"  # reduction="sum": the loss is already c_i * L_i
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
         loss = loss * replica_loss_factor()
-        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        if summed_loss and model.losses:
+            raise ValueError(
+                "The loss has reduction='sum' and the model has regularisation losses "
+                "(`model.losses`): a window cannot add the penalty exactly once per update. "
+                "Use reduction='sum_over_batch_size' (the default), or drop the regularisers."
+            )
+        if summed_loss:
+            summed = optimizer.scale_loss(loss)
+        elif isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
             # float16 backward pass sees per-sample gradients of the usual size; the weight
             # c_i multiplies the (float32) variable gradients afterwards.
@@ -147,6 +240,6 @@ def summed_loss_gradients(
         else:
             summed = optimizer.scale_loss(loss * weight)
     grads = tape.gradient(summed, variables)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and not summed_loss:
         grads = [_scaled_gradient(g, weight) for g in grads]
     return MicroBatchResult(loss, grads, weight, batch_size_of(x), y_pred)

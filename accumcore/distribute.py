@@ -149,6 +149,9 @@ class Replicas:
         """This replica's share of a pre-reduced gradient sum: all of it with one replica."""
         return total
 
+    def forget(self) -> None:
+        """Drop compiled decisions (the state re-created its accumulators); none here."""
+
 
 class StrategyReplicas(Replicas):
     """:class:`Replicas` under a ``tf.distribute`` strategy (see the module docstring)."""
@@ -184,6 +187,9 @@ class StrategyReplicas(Replicas):
             self._functions[key] = tf.function(fn)
         with self.strategy.scope():
             return self._functions[key]()
+
+    def forget(self) -> None:
+        self._functions.clear()
 
     def sum(self, local: Callable[[], list]) -> list:
         per_replica = self.strategy.run(local)

@@ -9,6 +9,11 @@ class NonFiniteGradientError(FloatingPointError):
     The offending micro-batch was *not* added to the window: the accumulation state is exactly
     as it was before that micro-batch, so a checkpoint taken now loses nothing.
 
+    Training stays stopped until the stop is cleared: the next ``AccumModel.fit`` /
+    ``AccumTrainer.fit`` clears it (logged) and continues the kept window with its data; in a
+    custom loop call ``state.clear_nonfinite()``. ``flush_window()`` / ``trainer.flush()``
+    applies the kept window at once, ``state.drop_window()`` discards it.
+
     Attributes:
         micro_step: 0-based index of the offending micro-batch since training started.
         window_position: 0-based position of that micro-batch inside its window.

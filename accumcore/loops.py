@@ -14,7 +14,8 @@ micro-batches *inside* the graph, so only one micro-batch's activations are aliv
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,9 +27,10 @@ from accumcore import distribute
 from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     END_OF_EPOCH_POLICIES,
+    check_accum_steps,
     check_choice,
     check_normalizer,
-    check_optimizer,
+    get_optimizer,
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
@@ -36,6 +38,7 @@ from accumcore.core import (
     as_loss_fn,
     first_leaf,
     replica_loss_factor,
+    resolve_normalizer,
     summed_loss_gradients,
 )
 from accumcore.state import AccumulationState
@@ -56,6 +59,52 @@ def _batch_relaxed_specs(structure: Any) -> Any:
     return tf.nest.map_structure(
         lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
         structure,
+    )
+
+
+def _take(iterator: Iterator, steps: int) -> Iterator:
+    """Up to ``steps`` items of ``iterator`` (fewer if it runs out), leaving the rest in it."""
+    for _ in range(steps):
+        try:
+            yield next(iterator)
+        except StopIteration:
+            return
+
+
+def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Dataset:
+    """Micro-batches of ``batch_size`` samples from in-memory arrays, as ``model.fit`` makes.
+
+    Args:
+        arrays: ``(x,)``, ``(x, y)`` or ``(x, y, sample_weight)``; each a numpy array, a tensor,
+            or a list / dict of them (several inputs), all with the same number of samples n.
+        batch_size: samples per micro-batch b (the last one has ``n mod b`` if not 0).
+        shuffle: draw a new permutation every epoch (every pass over the dataset), seeded by
+            TensorFlow's global seed; else keep the order.
+
+    The arrays are held once (``from_tensors(...).repeat()``) and each micro-batch gathers its
+    indices, so neither a shuffle buffer nor a graph constant copies the data.
+    """
+    tensors = tf.nest.map_structure(tf.convert_to_tensor, arrays)
+    sizes = {int(t.shape[0]) for t in tf.nest.flatten(tensors)}
+    if len(sizes) != 1:
+        names = ("x", "y", "sample_weight")
+        found = ", ".join(
+            f"{names[i]}: {sorted({int(t.shape[0]) for t in tf.nest.flatten(a)})}"
+            for i, a in enumerate(tensors)
+        )
+        raise ValueError(
+            f"`x`, `y` and `sample_weight` must have the same number of samples, got {found}."
+        )
+    (n,) = sizes
+    indices = tf.data.Dataset.range(n)
+    if shuffle:
+        indices = indices.shuffle(n, reshuffle_each_iteration=True)
+    indices = indices.batch(batch_size)
+    data = tf.data.Dataset.from_tensors(tensors).repeat()
+    return tf.data.Dataset.zip((indices, data)).map(
+        lambda i, d: tf.nest.map_structure(lambda a: tf.gather(a, i), d),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True,
     )
 
 
@@ -88,18 +137,29 @@ class AccumTrainer:
         model: a Keras model. It may be unbuilt (e.g. subclassed); it is built on the first
             micro-batch before any accumulator is created.
         optimizer: any Keras 3 optimizer (schedules, clipping, weight decay, EMA and
-            ``LossScaleOptimizer`` included), without ``gradient_accumulation_steps``.
+            ``LossScaleOptimizer`` included), without ``gradient_accumulation_steps``; or a
+            name such as ``"adam"`` (``keras.optimizers.get``, as ``model.compile``). Replace
+            it between ``fit`` calls by assigning ``trainer.optimizer`` (fine-tuning).
         loss: a ``keras.losses.Loss``, a loss name, or ``callable(y_true, y_pred)``. Must be a
-            mean over samples (or items, see ``normalizer``). Regularisation losses
+            mean over samples (or items, see ``normalizer``), or a Keras loss with
+            ``reduction="sum"`` (accumulated without division). Regularisation losses
             (``model.losses``) are added, as in ``model.fit``.
         accum_steps: K, micro-batches per update. Or give ``effective_batch_size`` and
             ``micro_batch_size`` (K = B / b).
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default), ``"skip_micro_batch"`` or ``"skip_window"``.
-        normalizer: ``"samples"`` (default), ``"sample_weight"`` or a callable
-            ``(x, y, sample_weight) -> item count``; see :func:`accumcore.core.micro_batch_weight`.
+        normalizer: ``"samples"`` (default: follows the loss's reduction, so
+            ``"mean_with_sample_weight"`` uses the weight sum and ``"sum"`` no division),
+            ``"sample_weight"`` or a callable ``(x, y, sample_weight) -> item count``; see
+            :func:`accumcore.core.resolve_normalizer` and
+            :func:`accumcore.core.micro_batch_weight`.
         jit_compile: compile the ``tf.function`` steps with XLA.
+
+    The trainable set is followed: freeze or unfreeze layers between calls and the next
+    micro-batch re-creates the accumulators (the window must be empty; ``flush()`` first)
+    and retraces. A Keras optimizer cannot take new variables: after unfreezing, assign a
+    fresh one (``trainer.optimizer = keras.optimizers.Adam(1e-5)``), as ``compile`` does.
 
     Example:
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
@@ -110,7 +170,7 @@ class AccumTrainer:
     def __init__(
         self,
         model: keras.Model,
-        optimizer: keras.optimizers.Optimizer,
+        optimizer: keras.optimizers.Optimizer | str,
         loss: Any,
         accum_steps: int | None = None,
         *,
@@ -123,25 +183,48 @@ class AccumTrainer:
     ) -> None:
         if not isinstance(model, keras.Model):
             raise TypeError(f"`model` must be a keras.Model, got {type(model).__name__}.")
-        check_optimizer(optimizer)
+        optimizer = get_optimizer(optimizer)
         k = resolve_accum_steps(
             accum_steps, effective_batch_size=effective_batch_size,
             micro_batch_size=micro_batch_size,
         )
         self.model = model
-        self.optimizer = optimizer
         self.loss = as_loss_fn(loss)
         self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
         self.normalizer = check_normalizer(normalizer)
+        # What the window rule uses: the normaliser matching the loss's reduction.
+        self._normalizer = resolve_normalizer(self.normalizer, loss)
         self.jit_compile = bool(jit_compile)
+        self.micro_batch_size = micro_batch_size
         self.state = AccumulationState(k, nonfinite=nonfinite)
-        warn_if_float16_without_loss_scaling(model, optimizer)
+        self.state.normalize = self._normalizer != "sum"
+        self._reset_functions()
+        self.optimizer = optimizer
+        self.epoch = 0
+
+    def _reset_functions(self) -> None:
+        """Forget compiled steps (they captured the optimizer and the trainable set)."""
         self._micro_fn = None
         self._epoch_fn = None
+        self._epoch_steps_fn = None
         self._window_fn = None
         self._window_ragged_fn = None  # window_step without XLA, for batches K does not divide
         self._flush_fn = None
-        self.epoch = 0
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        """The optimizer. Assign a new one (instance or name) to continue with it, e.g. after
+        unfreezing layers: a built Keras optimizer cannot update variables it was not built
+        for. Compiled steps are retraced; a pending window is applied by the new optimizer."""
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: keras.optimizers.Optimizer | str) -> None:
+        self._optimizer = get_optimizer(optimizer)
+        # ids of the variables the optimizer can update (None: not known yet)
+        self._optimizer_variables: set[int] | None = None
+        warn_if_float16_without_loss_scaling(self.model, self._optimizer)
+        self._reset_functions()
 
     @property
     def accum_steps(self) -> int:
@@ -168,13 +251,41 @@ class AccumTrainer:
                 raise ValueError(
                     "Could not build `model` by calling it on the first micro-batch "
                     f"(input shape {getattr(first_leaf(x), 'shape', '?')}): {err}. Build it "
-                    "explicitly with `model.build(input_shape)` or start it with keras.Input."
+                    "explicitly with `model.build(input_shape)` or start it with keras.Input. "
+                    "If the dataset yields single samples, batch it into micro-batches: "
+                    "`dataset.batch(b)`."
                 ) from err
         variables = self.model.trainable_variables
+        if self._normalizer == "sum" and self._strategy is not None:
+            raise ValueError(
+                "A loss with reduction='sum' is not supported under a tf.distribute strategy: "
+                "use reduction='sum_over_batch_size' (the default) or 'mean_with_sample_weight'."
+            )
+        if self.state.built and not self.state.same_variables(variables):
+            self._check_new_trainable_set(variables)
         if not self.optimizer.built:
             self.optimizer.build(variables)
-        self.state.build(variables)
+        if self._optimizer_variables is None:
+            self._optimizer_variables = {id(v) for v in variables}
+        if self.state.build(variables):  # first build, or accumulators for a new trainable set
+            self._reset_functions()
         attach_window_layers(self.model, self.state)  # window-level BN: one update per window
+
+    def _check_new_trainable_set(self, variables: list) -> None:
+        """Before following a new trainable set: the window is empty, the optimizer knows it."""
+        if self.state.pending_micro_batches():
+            self.state.build(variables)  # raises: a pending window (names `trainer.flush()`)
+        known = self._optimizer_variables
+        unknown = [v for v in variables if known is not None and id(v) not in known]
+        if unknown and self.optimizer.built:
+            names = ", ".join(getattr(v, "path", None) or v.name for v in unknown[:4])
+            raise ValueError(
+                f"The trainable variables changed: {len(unknown)} became trainable ({names}"
+                f"{', ...' if len(unknown) > 4 else ''}), but `optimizer` was built for the old "
+                "set and a Keras optimizer cannot take new variables. Give the trainer a new "
+                "optimizer before training on, as `model.compile` does for fine-tuning: "
+                "`trainer.optimizer = keras.optimizers.Adam(1e-5)`."
+            )
 
     def _loss_of(self, x, y, y_pred, sample_weight):
         if y is None:
@@ -194,7 +305,7 @@ class AccumTrainer:
     def _micro_step(self, x, y=None, sample_weight=None):
         loss, grads, weight, samples, _ = summed_loss_gradients(
             self.model, self._loss_of, x, y, sample_weight,
-            normalizer=self.normalizer, optimizer=self.optimizer,
+            normalizer=self._normalizer, optimizer=self.optimizer,
         )
         applied = self.state.step(
             grads, weight, samples, self.optimizer, self.model.trainable_variables
@@ -249,13 +360,13 @@ class AccumTrainer:
             xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
             loss, grads, weight, samples, _ = summed_loss_gradients(
                 self.model, self._loss_of, xi, yi, wi,
-                normalizer=self.normalizer, optimizer=self.optimizer,
+                normalizer=self._normalizer, optimizer=self.optimizer,
             )
             self.state.accumulate(grads, weight, samples, self.optimizer)
             self.state.advance()
             total_loss += loss * weight
             total_weight += weight
-        self.state.apply_window(self.optimizer, self.model.trainable_variables)
+        self.state.apply_window(self.optimizer)
         return tf.math.divide_no_nan(total_loss, total_weight)
 
     def window_step(self, x, y=None, sample_weight=None):
@@ -303,6 +414,7 @@ class AccumTrainer:
         """Apply the pending partial window now, with its true weight. Returns whether it did."""
         if not self.state.built or int(self.state.micro_step.numpy()) == 0:
             return False
+        # To the variables the window was accumulated for (also after a `trainable` change).
         return bool(self.state.apply_window(self.optimizer, self.model.trainable_variables))
 
     def end_epoch(self) -> None:
@@ -342,72 +454,224 @@ class AccumTrainer:
             i += 1
         return losses.stack(), weights.stack(), applied.stack()
 
+    def _epoch_steps(self, iterator, steps):
+        """At most ``steps`` micro-batches from ``iterator`` (kept across epochs), in graph."""
+        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        weights = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
+        applied = tf.TensorArray(tf.bool, size=0, dynamic_size=True)
+        i = 0
+        for _ in tf.range(steps):
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                break  # the data ran out (the caller warns and starts a new iterator)
+            x, y, sw = keras.utils.unpack_x_y_sample_weight(optional.get_value())
+            loss, weight, did = self._run_micro_step(x, y, sw)
+            losses = losses.write(i, loss)
+            weights = weights.write(i, weight)
+            applied = applied.write(i, did)
+            i += 1
+        return losses.stack(), weights.stack(), applied.stack()
+
+    # ------------------------------------------------------------------ input
+    def _as_dataset(
+        self, x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: Any
+    ) -> tf.data.Dataset:
+        """``x`` as a dataset of micro-batches: a dataset as it is, arrays batched (as
+        ``model.fit`` does)."""
+        if isinstance(x, tf.data.Dataset):
+            for name, value in (("y", y), ("sample_weight", sample_weight),
+                                ("batch_size", batch_size)):
+                if value is not None:
+                    hint = " (did you mean `epochs=`?)" if name != "sample_weight" and (
+                        isinstance(value, int)) else ""
+                    raise ValueError(
+                        f"`{name}` must not be given with a dataset{hint}: the dataset yields "
+                        "micro-batches of `(x, y)` or `(x, y, sample_weight)`; batch it with "
+                        "`dataset.batch(b)`, as for `model.fit`."
+                    )
+            return x
+        leaves = [t for t in tf.nest.flatten(x) if t is not None]
+        if not leaves or not all(isinstance(t, (np.ndarray, tf.Tensor)) for t in leaves):
+            raise TypeError(
+                f"`x` must be a tf.data.Dataset of micro-batches or numpy arrays / tensors "
+                f"(with `y=` and `batch_size=`), got {type(x).__name__}. For other inputs "
+                "make a dataset: `tf.data.Dataset.from_tensor_slices((x, y)).batch(b)` or "
+                "`tf.data.Dataset.from_generator(...)`."
+            )
+        if y is None and sample_weight is not None:
+            raise ValueError("`sample_weight` needs `y`: pass `fit(x, y, sample_weight=...)`.")
+        if batch_size is None:
+            batch_size = self.micro_batch_size or 32  # Keras's default batch size
+        elif self.micro_batch_size is not None and batch_size != self.micro_batch_size:
+            raise ValueError(
+                f"`batch_size`={batch_size} contradicts the trainer's "
+                f"`micro_batch_size`={self.micro_batch_size} (K = effective_batch_size / "
+                "micro_batch_size was computed from it): leave `batch_size` unset."
+            )
+        batch_size = check_accum_steps(batch_size, "batch_size")
+        if not isinstance(shuffle, bool):
+            raise ValueError(
+                f"`shuffle` must be True (default for arrays, as in model.fit: a new order "
+                f"every epoch) or False, got {shuffle!r}."
+            )
+        return array_dataset(
+            tuple(t for t in (x, y, sample_weight) if t is not None), batch_size, shuffle
+        )
+
+    def _check_batched(self, dataset: tf.data.Dataset) -> None:
+        """Raise if ``dataset`` yields single samples where the model takes batches."""
+        try:
+            inputs = list(self.model.inputs or [])
+        except Exception:  # noqa: BLE001 - an unbuilt subclassed model has no inputs
+            return
+        element = dataset.element_spec
+        if not isinstance(element, (tuple, list)):
+            element = (element,)
+        specs = [s for s in tf.nest.flatten(element[0]) if isinstance(s, tf.TensorSpec)]
+        if not inputs or len(specs) != len(inputs):
+            return
+        for spec, tensor in zip(specs, inputs):
+            expected = tf.TensorShape(tensor.shape)
+            if (spec.shape.rank is not None and expected.rank is not None
+                    and spec.shape.rank == expected.rank - 1
+                    and expected[1:].is_compatible_with(spec.shape)):
+                raise ValueError(
+                    f"`dataset` yields single samples (x of shape {spec.shape}), but the model "
+                    f"takes batches of shape {expected}: batch it into micro-batches of b "
+                    "samples with `dataset.batch(b)` (b = the micro-batch size)."
+                )
+
     # ------------------------------------------------------------------ fit
     def fit(
         self,
-        dataset: tf.data.Dataset,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
         epochs: int = 1,
         *,
+        sample_weight: Any = None,
+        shuffle: bool = True,
+        steps_per_epoch: int | None = None,
         mode: str = "function",
         verbose: int = 1,
         on_epoch_end: Callable[[int, LoopHistory], None] | None = None,
     ) -> LoopHistory:
-        """Train for ``epochs`` passes over ``dataset`` (a dataset of **micro-batches**).
+        """Train for ``epochs`` epochs of **micro-batches**, like ``model.fit``.
 
         Args:
-            dataset: ``tf.data.Dataset`` yielding ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
-                micro-batches (batch it with the micro-batch size b).
-            epochs: number of passes.
+            x: a ``tf.data.Dataset`` yielding ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
+                micro-batches (batch it with the micro-batch size b), or numpy arrays /
+                tensors (a list or dict for several inputs) with ``y`` and ``batch_size``.
+            y, sample_weight: arrays, only with array ``x``. (``fit(dataset, 3)`` still means
+                3 epochs, as in accumcore's earlier ``fit(dataset, epochs)``.)
+            batch_size: the micro-batch size b for arrays (default: the trainer's
+                ``micro_batch_size``, else 32 as in Keras). Not with a dataset.
+            epochs: number of epochs.
+            shuffle: arrays only (a dataset is used in its own order): ``True`` (default, as
+                ``model.fit``) draws a new order every epoch, from TensorFlow's global seed
+                (``keras.utils.set_random_seed``); ``False`` keeps the order.
+            steps_per_epoch: micro-batches per epoch, as in ``model.fit``: required for an
+                infinite dataset (``.repeat()``). One iterator runs across the epochs, so each
+                epoch continues where the last stopped; if the data runs out, a warning says
+                so, that epoch ends early and the next one starts a new pass. Windows and
+                ``end_of_epoch`` work per epoch of that many micro-batches.
             mode: ``"eager"``, ``"function"`` (default) or ``"graph"``; see the module doc.
             verbose: 1 shows a ``keras.utils.Progbar`` per epoch (one tick per micro-batch),
                 2 prints one line per epoch (as ``model.fit``), 0 is silent.
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
+        A :class:`NonFiniteGradientError` of a previous call is cleared at the start (logged):
+        the window before the bad micro-batch is kept and continued.
+
         Returns:
             A :class:`LoopHistory`.
         """
         check_choice(mode, "mode", MODES)
-        if not isinstance(dataset, tf.data.Dataset):
-            raise TypeError(
-                f"`dataset` must be a tf.data.Dataset of micro-batches, got "
-                f"{type(dataset).__name__}; use tf.data.Dataset.from_tensor_slices(...).batch(b)."
-            )
-        if int(dataset.cardinality()) == 0:
+        if isinstance(x, tf.data.Dataset) and isinstance(y, int) and not isinstance(y, bool) and (
+                batch_size is None and epochs == 1):
+            y, epochs = None, y  # accumcore's earlier signature: fit(dataset, epochs)
+        dataset = self._as_dataset(x, y, sample_weight, batch_size, shuffle)
+        cardinality = int(dataset.cardinality())
+        if cardinality == 0:
             raise ValueError(
                 "`dataset` is empty (cardinality 0): nothing to train on. Check the data "
                 "source and that `.batch(b, drop_remainder=True)` did not drop everything."
             )
+        if steps_per_epoch is not None:
+            steps_per_epoch = check_accum_steps(steps_per_epoch, "steps_per_epoch")
+        elif cardinality == tf.data.INFINITE_CARDINALITY:
+            raise ValueError(
+                "`dataset` is infinite (e.g. `.repeat()` without a count), so an epoch would "
+                "never end: pass `steps_per_epoch=` (micro-batches per epoch), as for "
+                "`model.fit`."
+            )
+        self._check_batched(dataset)
+        if self.state.built:
+            self.state.clear_nonfinite()  # logs what is kept, if a previous call raised
         # Under a tf.distribute strategy each global micro-batch is split across the replicas.
         strategy = distribute.model_strategy(self.model)
         batches = dataset if strategy is None else distribute.distribute_dataset(strategy, dataset)
         history = LoopHistory()
         window_sum = 0.0
         window_weight = 0.0
+        iterator = None  # with steps_per_epoch: one iterator across epochs (as Keras)
+        seen = 0  # micro-batches drawn from `iterator`
         for _ in range(epochs):
-            steps = int(dataset.cardinality()) if int(dataset.cardinality()) > 0 else None
+            if steps_per_epoch is not None:
+                steps = steps_per_epoch
+            else:
+                steps = cardinality if cardinality > 0 else None
             bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
             before = int(self.state.windows_applied.numpy()) if self.state.built else 0
             records: list[tuple[float, float, bool]] = []
+            ran_out = False
+            if steps_per_epoch is not None and iterator is None:
+                iterator, seen = iter(batches), 0
             if mode == "graph":
                 for batch in dataset.take(1):  # build eagerly before tracing
                     self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
-                if self._epoch_fn is None:
-                    self._epoch_fn = tf.function(self._epoch, jit_compile=False)
-                losses, weights, applied = self._epoch_fn(batches)
+                if steps_per_epoch is None:
+                    if self._epoch_fn is None:
+                        self._epoch_fn = tf.function(self._epoch, jit_compile=False)
+                    losses, weights, applied = self._epoch_fn(batches)
+                else:
+                    if self._epoch_steps_fn is None:
+                        self._epoch_steps_fn = tf.function(self._epoch_steps, jit_compile=False)
+                    losses, weights, applied = self._epoch_steps_fn(
+                        iterator, tf.constant(steps_per_epoch, tf.int64)
+                    )
+                    ran_out = int(tf.size(losses)) < steps_per_epoch
                 self.state.raise_if_nonfinite(self.epoch)
                 records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
                                    applied.numpy().tolist()))
                 bar.update(len(records), values=[("loss", float(np.mean(losses)))] if records
                            else None, finalize=False)
             else:
-                for step, batch in enumerate(batches):
-                    x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+                source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
+                for step, batch in enumerate(source):
+                    x_, y_, sw_ = keras.utils.unpack_x_y_sample_weight(batch)
                     loss, weight, did = self.train_micro_batch(
-                        x, y, sw, compiled=(mode == "function")
+                        x_, y_, sw_, compiled=(mode == "function")
                     )
                     records.append((float(loss), float(weight), bool(did)))
                     bar.update(step + 1, values=[("loss", float(loss))])
-            if not records:
+                ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
+            if steps_per_epoch is not None:
+                seen += len(records)
+                if ran_out or (cardinality > 0 and seen >= cardinality):
+                    if ran_out:
+                        warnings.warn(
+                            f"Your input ran out of data after {len(records)} of "
+                            f"steps_per_epoch={steps_per_epoch} micro-batches in epoch "
+                            f"{self.epoch}: this epoch ends early and the next starts a new "
+                            "pass over the data (as `model.fit`). Make sure the dataset can "
+                            "give `steps_per_epoch * epochs` micro-batches, e.g. with "
+                            "`.repeat()`.",
+                            UserWarning,
+                            stacklevel=2,
+                        )
+                    iterator = None  # the next epoch starts a new pass (as Keras)
+            if not records and (steps_per_epoch is None or not self.state.built):
                 raise ValueError(
                     "`dataset` yielded no micro-batches in this epoch: it is empty (or an "
                     "exhausted iterator). Pass a dataset that can be iterated once per epoch."
@@ -431,7 +695,7 @@ class AccumTrainer:
                 window_sum = window_weight = 0.0
             history.epoch_losses.append(epoch_sum / epoch_weight if epoch_weight else 0.0)
             history.updates.append(int(self.state.windows_applied.numpy()) - before)
-            if verbose and (mode == "graph" or steps is None):  # else the last step finalized
+            if verbose and (mode == "graph" or steps is None or ran_out):  # else finalized
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()
             if on_epoch_end is not None:

@@ -38,7 +38,12 @@ from accumcore.config import (
     check_optimizer,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import batch_size_of, replica_loss_factor, summed_loss_gradients
+from accumcore.core import (
+    batch_size_of,
+    replica_loss_factor,
+    resolve_normalizer,
+    summed_loss_gradients,
+)
 from accumcore.distribute import is_loss_scale_optimizer
 from accumcore.state import AccumulationState, saved_micro_step
 
@@ -60,6 +65,12 @@ class WindowFlushCallback(keras.callbacks.Callback):
         super().__init__()
         self._epoch = 0
         self._batches: int | None = None  # training batches seen in the current epoch
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # A NonFiniteGradientError stopped the previous fit: start clean. The window before the
+        # bad micro-batch holds valid gradients and is kept (a log line says so).
+        if self.model.accumulation.built:
+            self.model.accumulation.clear_nonfinite()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -230,6 +241,7 @@ class AccumModel(keras.Model):
         self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
         self.normalizer = check_normalizer(normalizer)
         self.accumulation = AccumulationState(self.accum_steps or 1, nonfinite=self.nonfinite)
+        self._accum_normalizer = self.normalizer  # resolved from the loss by build_accumulation
         self._accum_loss_tracker = keras.metrics.Mean(name="loss")
         # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
         object.__setattr__(self, "_accumulation_store", _AccumulationStore(
@@ -347,7 +359,14 @@ class AccumModel(keras.Model):
         return False
 
     def build_accumulation(self) -> None:
-        """Create the accumulators (called by ``fit`` once model and optimizer are built)."""
+        """Create the accumulators (called by ``fit`` once model and optimizer are built).
+
+        Before a new ``train_function`` is traced (the first ``fit``, or the next one after
+        ``compile``), the accumulators follow the trainable set (fine-tuning: freeze, ``fit``,
+        unfreeze, ``compile``, ``fit``) and the normaliser follows the compiled loss's
+        reduction. Without ``compile`` Keras keeps training the set it traced, and so does
+        accumcore.
+        """
         if self.accum_steps is None:
             raise ValueError(
                 "AccumModel was created without `accum_steps` (K, the number of micro-batches "
@@ -372,8 +391,27 @@ class AccumModel(keras.Model):
         if self.optimizer is not None:
             check_optimizer(self.optimizer)
             warn_if_float16_without_loss_scaling(self, self.optimizer)
+        state = self.accumulation
+        retrace = getattr(self, "train_function", None) is None
+        if state.built and not retrace:
+            return  # the traced step keeps its trainable set and normaliser (as Keras)
+        normalizer = resolve_normalizer(self.normalizer, getattr(self, "loss", None))
+        if normalizer == "sum" and self.distribute_strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                "A loss with reduction='sum' is not supported under a tf.distribute strategy: "
+                "use reduction='sum_over_batch_size' (the default) or 'mean_with_sample_weight'."
+            )
+        if state.built and normalizer != self._accum_normalizer and (
+                state.pending_micro_batches()):
+            raise ValueError(
+                "The compiled loss needs another normaliser than the pending window was "
+                "accumulated with: call `model.flush_window()` before `compile`-ing a loss "
+                "with another reduction."
+            )
         with self.distribute_strategy.scope():
-            self.accumulation.build(self.trainable_variables)
+            state.build(self.trainable_variables)  # follows a changed trainable set
+        self._accum_normalizer = normalizer
+        state.normalize = normalizer != "sum"
         attach_window_layers(self, self.accumulation)  # window-level BN: one update per window
 
     def _build_optimizer(self) -> None:
@@ -439,7 +477,7 @@ class AccumModel(keras.Model):
             return self._untrained_step(x, y, sample_weight)
         out = summed_loss_gradients(
             self, self._loss_of, x, y, sample_weight,
-            normalizer=self.normalizer, optimizer=self.optimizer,
+            normalizer=self._accum_normalizer, optimizer=self.optimizer,
         )
         self.accumulation.step(
             out.grads, out.weight, out.samples, self.optimizer, self.trainable_variables

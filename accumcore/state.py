@@ -23,6 +23,7 @@ rule runs and how the window's status is reduced across replicas; loss scaling i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -35,6 +36,8 @@ from accumcore.errors import NonFiniteGradientError
 
 _ON_READ = tf.VariableSynchronization.ON_READ
 
+logger = logging.getLogger("accumcore")
+
 
 def _accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
     """float32 for float16/bfloat16/float32 variables, float64 for float64 variables."""
@@ -43,6 +46,23 @@ def _accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
 
 def _as_dtype(variable) -> tf.DType:
     return tf.as_dtype(getattr(variable, "dtype", tf.float32))
+
+
+class _Untracked:
+    """Holds a Python value out of ``tf.Module`` tracking (so out of checkpoints)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+
+def _describe_change(old: list[str], new: list[str]) -> str:
+    """``"+a/kernel, -b/bias"``: variables that became trainable (+) or frozen (-)."""
+    added = [f"+{n}" for n in new if n not in old]
+    removed = [f"-{n}" for n in old if n not in new]
+    parts = added + removed
+    return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
 
 
 def _all_finite(tensors: Sequence) -> tf.Tensor:
@@ -188,7 +208,12 @@ class AccumulationState(tf.Module):
         self.accumulators: list[tf.Variable] = []
         self._variable_names: list[str] = []
         self._has_gradient: list[bool] = []
+        self._variables = _Untracked(())
         self._built = False
+        #: True (default): the window's gradient sum is divided by its weight ``sum_i c_i``
+        #: (mean losses). False: applied as it is, for losses that are already sums
+        #: (``reduction="sum"``); set by AccumTrainer / AccumModel from the loss.
+        self.normalize = True
         # Where the rule's steps run and how the window is reduced (distribute.Replicas).
         self._replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
@@ -211,17 +236,25 @@ class AccumulationState(tf.Module):
     def built(self) -> bool:
         return self._built
 
-    def build(self, variables: Sequence) -> None:
+    def build(self, variables: Sequence) -> bool:
         """Create the accumulators for ``variables`` (the model's trainable variables).
 
         Safe to call inside a ``tf.function`` trace or a distribution strategy scope: the
-        variables are created eagerly (``tf.init_scope``). Calling it again is a no-op.
+        variables are created eagerly (``tf.init_scope``). Calling it again with the same
+        variables (same objects, same order) is a no-op. Called with a *different* set (a layer
+        was frozen or unfrozen, as in fine-tuning), the accumulators follow it: they are
+        re-created for the new set when the window is empty (counters, flags and the
+        ``nonfinite`` state are kept). With a pending window that would lose accumulated
+        gradients, so it raises instead.
+
+        Returns:
+            Whether accumulators were created now (first build or a new trainable set).
 
         Raises:
-            ValueError: if ``variables`` is empty (an unbuilt model has no variables yet).
+            ValueError: if ``variables`` is empty (an unbuilt model has no variables yet), or if
+                the set changed while a window is pending (flush it first:
+                ``model.flush_window()`` / ``trainer.flush()``).
         """
-        if self._built:
-            return
         variables = list(variables)
         if not variables:
             raise ValueError(
@@ -229,39 +262,97 @@ class AccumulationState(tf.Module):
                 "Build the model first: call it on one batch, call `model.build(input_shape)`, "
                 "or start it with `keras.Input(shape=...)`."
             )
+        if self._built:
+            if self.same_variables(variables):
+                return False
+            self._follow(variables)
+            return True
         on_read = tf.distribute.has_strategy()
         self._replicas = distribute.replicas(tf.distribute.get_strategy() if on_read else None)
-
-        def placement(summed: bool) -> dict:
-            """Under a strategy: one local copy per replica, read as their sum or the first."""
-            if not on_read:
-                return {}
-            first = tf.VariableAggregation.ONLY_FIRST_REPLICA
-            aggregation = tf.VariableAggregation.SUM if summed else first
-            return dict(synchronization=_ON_READ, aggregation=aggregation)
-
         with tf.init_scope():
             # Extend the tracked list in place (not re-assign it) so that a checkpoint read
             # before the state was built restores the accumulators when they are created.
-            self.accumulators.extend([
-                tf.Variable(
-                    tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
-                    trainable=False,
-                    name=f"accum_{i}",
-                    **placement(summed=True),
-                )
-                for i, v in enumerate(variables)
-            ])
+            self.accumulators.extend(self._new_accumulators(variables))
             for s in _SCALARS:
                 dtype = tf.float32 if isinstance(s.initial, float) else tf.int64
                 value = tf.Variable(
                     tf.constant(s.initial, dtype), trainable=False, name=s.name,
-                    **placement(s.summed),
+                    **self._placement(s.summed),
                 )
                 setattr(self, s.name, value)
+        self._set_variables(variables)
+        self._built = True
+        return True
+
+    def _placement(self, summed: bool) -> dict:
+        """Under a strategy: one local copy per replica, read as their sum or the first."""
+        if not self._replicas.distributed:
+            return {}
+        first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        aggregation = tf.VariableAggregation.SUM if summed else first
+        return dict(synchronization=_ON_READ, aggregation=aggregation)
+
+    def _new_accumulators(self, variables: list) -> list[tf.Variable]:
+        """Zero accumulators, one per variable (float32; float64 for float64 variables)."""
+        with tf.init_scope():
+            return [
+                tf.Variable(
+                    tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
+                    trainable=False,
+                    name=f"accum_{i}",
+                    **self._placement(summed=True),
+                )
+                for i, v in enumerate(variables)
+            ]
+
+    def _set_variables(self, variables: list) -> None:
+        # Held outside tf.Module's tracking: the model's variables are not the state's to save.
+        self._variables = _Untracked(tuple(variables))
         self._variable_names = [getattr(v, "path", None) or v.name for v in variables]
         self._has_gradient = [True] * len(variables)
-        self._built = True
+
+    def _follow(self, variables: list) -> None:
+        """Re-create the accumulators for a new trainable set (the window must be empty)."""
+        old = list(self._variable_names)
+        new = [getattr(v, "path", None) or v.name for v in variables]
+        pending = self.pending_micro_batches()
+        if pending:
+            raise ValueError(
+                f"The trainable variables changed ({len(old)} -> {len(new)} variables: "
+                f"{_describe_change(old, new)}) while a window of {pending} micro-batches is "
+                "pending. Its gradients belong to the old set: apply it first with "
+                "`model.flush_window()` (AccumModel) or `trainer.flush()` (AccumTrainer), "
+                "then change `trainable` (or train on: the next `fit` after `compile` follows "
+                "the new set)."
+            )
+        if self._replicas.distributed and not tf.distribute.has_strategy():
+            raise ValueError(
+                "This AccumulationState was built under a tf.distribute strategy: re-build it "
+                "for the new trainable set inside `strategy.scope()`."
+            )
+        with tf.init_scope():
+            # A new list (not an in-place edit: tracked lists must only grow to stay saveable).
+            self.accumulators = self._new_accumulators(variables)
+        self._set_variables(variables)
+        self._replicas.forget()  # compiled closes captured the old accumulators
+
+    def same_variables(self, variables: Sequence) -> bool:
+        """Whether ``variables`` are exactly the ones the accumulators were built for."""
+        built = self._variables.value if self._built else ()
+        variables = tuple(variables)
+        return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
+
+    @property
+    def variables_accumulated(self) -> tuple:
+        """The trainable variables the accumulators belong to, in order (empty if unbuilt)."""
+        return self._variables.value if self._built else ()
+
+    def pending_micro_batches(self) -> int:
+        """Micro-batches in the current window (Python int; 0 when unbuilt). Call eagerly."""
+        if not self._built:
+            return 0
+        with tf.init_scope():
+            return max(int(part.numpy()) for part in self._replicas.parts(self.micro_step))
 
     # ------------------------------------------------------------------ queries
     def _check_built(self) -> None:
@@ -288,6 +379,18 @@ class AccumulationState(tf.Module):
                         f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
                         "trainable variables the state was built from."
                     )
+
+    def _check_variables(self, variables: Sequence) -> None:
+        if not self.same_variables(variables):
+            names = [getattr(v, "path", None) or v.name for v in variables]
+            raise ValueError(
+                f"The trainable variables ({len(names)}) are not the ones the accumulators "
+                f"were built for ({len(self._variable_names)}; "
+                f"{_describe_change(self._variable_names, names)}): a layer was frozen or "
+                "unfrozen. Call `state.build(model.trainable_variables)` with an empty window "
+                "before the next step (AccumTrainer does this itself, `AccumModel.fit` after "
+                "`compile`), and retrace compiled steps."
+            )
 
     @property
     def strategy(self) -> tf.distribute.Strategy | None:
@@ -406,6 +509,7 @@ class AccumulationState(tf.Module):
             bool scalar: whether an optimizer update was applied by this call.
         """
         self._check_built()
+        self._check_variables(variables)
         self._replicas.require_replica_context()
         variables = list(variables)
         self.accumulate(grads, weight, samples, optimizer)
@@ -425,7 +529,7 @@ class AccumulationState(tf.Module):
 
         return tf.cond(self.frozen, lambda: tf.constant(False), advance_and_close)
 
-    def apply_window(self, optimizer, variables: Sequence) -> tf.Tensor:
+    def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
 
         A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) is discarded
@@ -434,11 +538,30 @@ class AccumulationState(tf.Module):
         empty window does nothing, and so does a frozen state. Graph-safe; under a strategy,
         callable in replica or cross-replica context.
 
+        Args:
+            optimizer: the Keras optimizer (``apply`` is called once).
+            variables: the model's current trainable variables. The window is applied to the
+                variables its accumulators were built for (:attr:`variables_accumulated`), also
+                when ``trainable`` changed since; an optimizer that is not built yet (a new one
+                from ``compile``) is built for ``variables``, so that it can update the whole
+                current set afterwards (a Keras optimizer cannot take new variables later).
+
         Returns:
             bool scalar: whether an optimizer update was applied.
         """
         self._check_built()
-        variables = list(variables)
+        if variables is not None and not self._replicas.distributed and not optimizer.built:
+            with tf.init_scope():
+                optimizer.build(list(variables))
+        # The window is applied to the variables it was accumulated for, even if `trainable`
+        # changed since (e.g. a flush after unfreezing a layer).
+        variables = list(self._variables.value)
+        if not self.normalize and self._replicas.distributed:
+            raise ValueError(
+                "A loss with reduction='sum' is not supported under a tf.distribute strategy "
+                "(Keras scales such losses differently per replica): use "
+                "reduction='sum_over_batch_size' (the default) or 'mean_with_sample_weight'."
+            )
         key = (id(optimizer), *map(id, variables))
         return self._replicas.decide(
             lambda: self._close_if_due(optimizer, variables, force=True), key
@@ -529,7 +652,9 @@ class AccumulationState(tf.Module):
                 grads.append(None)
                 continue
             total = self._replicas.share(next(totals)) if sums else acc.read_value()
-            grads.append(tf.math.divide_no_nan(total, tf.cast(weight, total.dtype)))
+            if self.normalize:  # mean losses; a summed loss (reduction="sum") is applied as is
+                total = tf.math.divide_no_nan(total, tf.cast(weight, total.dtype))
+            grads.append(total)
         target = optimizer
         if self._mirrors_loss_scaling(optimizer):
             target, grads = optimizer.inner_optimizer, loss_scaling.unscale(optimizer, grads)
@@ -586,7 +711,12 @@ class AccumulationState(tf.Module):
         raise NonFiniteGradientError(
             f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "
             f"in its window of {self.accum_steps}); first offending variable: {variable}. "
-            "That micro-batch was not accumulated; the window before it is intact. "
+            "That micro-batch was not accumulated; the window before it is intact and kept. "
+            "Training is stopped until this is cleared: the next `fit` (AccumModel.fit or "
+            "AccumTrainer.fit) clears it and continues that window with its data; in your "
+            "own loop call `state.clear_nonfinite()` (`model.accumulation` / "
+            "`trainer.state`) to continue, then `flush_window()` / `trainer.flush()` to apply "
+            "the kept window now or `state.drop_window()` to discard it. "
             "Fix the data or the learning rate, or pass nonfinite='skip_micro_batch' or "
             "'skip_window' to skip such micro-batches.",
             micro_step=step,
@@ -595,12 +725,35 @@ class AccumulationState(tf.Module):
             epoch=epoch,
         )
 
-    def clear_nonfinite(self) -> None:
-        """Unfreeze the state after a :class:`NonFiniteGradientError` (to continue training)."""
+    def clear_nonfinite(self) -> bool:
+        """Unfreeze the state after a :class:`NonFiniteGradientError` (to continue training).
+
+        The window accumulated before the bad micro-batch is kept (it holds valid gradients; no
+        accumulated gradient is dropped silently): training continues it. Call
+        ``apply_window`` (``flush_window()`` / ``trainer.flush()``) first to apply it now, or
+        :meth:`drop_window` to discard it (counted in ``samples_dropped``).
+
+        Returns:
+            Whether the state was frozen (and a log line said what was kept).
+        """
         self._check_built()
-        self.nonfinite_micro_step.assign(-1)
-        self.nonfinite_window_position.assign(-1)
-        self.nonfinite_variable.assign(-1)
+        with tf.init_scope():
+            step = max(int(p.numpy()) for p in self._replicas.parts(self.nonfinite_micro_step))
+        if step < 0:
+            return False
+        pending = self.pending_micro_batches()
+        with tf.init_scope():
+            samples = int(self.window_samples.numpy())  # under a strategy: the replicas' sum
+        logger.warning(
+            "accumcore: cleared the non-finite gradient stop (micro-step %d); the window "
+            "before it (%d micro-batches, %d samples) is kept and continues with the next "
+            "micro-batches. Call flush_window() / trainer.flush() before training to apply it "
+            "now, or state.drop_window() to discard it.", step, pending, samples,
+        )
+        for variable in (self.nonfinite_micro_step, self.nonfinite_window_position,
+                         self.nonfinite_variable):
+            variable.assign(-1)
+        return True
 
     def get_config(self) -> dict:
         return {"accum_steps": self.accum_steps, "nonfinite": self.nonfinite}

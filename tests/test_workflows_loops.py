@@ -1,0 +1,386 @@
+"""Keras workflows around the accumulation state and the custom loops (issue 10, section 2).
+
+Fine-tuning (the trainable set changes between ``fit`` calls), recovering from a
+``NonFiniteGradientError``, ``steps_per_epoch`` and infinite datasets, arrays in
+``AccumTrainer.fit``, optimizer names, loss reductions and unbatched datasets. Every result is
+compared with an independent large-batch reference (plain Keras) or a measured count.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
+
+import accumcore as ac
+from accumcore.lab.experiments import get_weights, relative_error
+from accumcore.loops import array_dataset
+
+MICRO, K = 8, 3
+MODES = ("eager", "function", "graph")
+
+
+def _adam() -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(0.01)
+
+
+def _ds(x, y, micro: int = MICRO, sw=None) -> tf.data.Dataset:
+    parts = (x, y) if sw is None else (x, y, sw)
+    return tf.data.Dataset.from_tensor_slices(parts).batch(micro)
+
+
+def _freeze_first(model: keras.Model, frozen: bool = True) -> None:
+    model.layers[1].trainable = not frozen  # the hidden Dense (layers[0] is the input)
+
+
+# ---------------------------------------------------------------------------- fine-tuning
+def _plain_fine_tuning(x, y) -> tuple[list, list]:
+    """Independent reference: plain Keras at batch K*b: freeze, fit, unfreeze, compile, fit."""
+    model = small_mlp()
+    initial = get_weights(model)
+    _freeze_first(model)
+    model.compile(_adam(), LOSS)
+    model.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
+    _freeze_first(model, False)
+    model.compile(_adam(), LOSS)
+    model.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
+    return initial, get_weights(model)
+
+
+def test_fine_tuning_with_accum_model_matches_plain_keras(data):
+    x, y = data
+    initial, reference = _plain_fine_tuning(x, y)
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    _freeze_first(model)
+    model.compile(_adam(), LOSS)
+    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    assert len(model.accumulation.accumulators) == 2
+    _freeze_first(model, False)
+    model.compile(_adam(), LOSS)
+    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)  # was: "Got 4 gradients ..."
+    assert len(model.accumulation.accumulators) == 4
+    assert_matches_reference(model, initial, reference)
+    # and the frozen phase really was frozen (so the test can tell the phases apart):
+    frozen_only = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    frozen_only.compile(_adam(), LOSS)
+    frozen_only.fit(x, y, batch_size=MICRO, epochs=2, shuffle=False, verbose=0)
+    assert relative_error(get_weights(frozen_only), reference, initial) > 100 * REL_TOL
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fine_tuning_with_accum_trainer_matches_plain_keras(mode, data):
+    x, y = data
+    initial, reference = _plain_fine_tuning(x, y)
+    model = small_mlp()
+    trainer = ac.AccumTrainer(model, _adam(), LOSS, accum_steps=K)
+    _freeze_first(model)
+    trainer.fit(_ds(x, y), mode=mode, verbose=0)
+    _freeze_first(model, False)
+    # A built Keras optimizer cannot take new variables: a clear error says what to do.
+    with pytest.raises(ValueError, match=r"trainer\.optimizer = "):
+        trainer.fit(_ds(x, y), mode=mode, verbose=0)
+    trainer.optimizer = _adam()  # what `compile` does in the plain workflow
+    trainer.fit(_ds(x, y), mode=mode, verbose=0)
+    assert len(trainer.state.accumulators) == 4
+    assert trainer.state.counters()["windows_applied"] == 4
+    assert_matches_reference(model, initial, reference)
+
+
+def test_pending_window_and_changed_trainable_set_raise_naming_flush(data):
+    x, y = data  # 40 samples = 5 micro-batches: one window of 3 and 2 carried micro-batches
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K, end_of_epoch="carry")
+    _freeze_first(model)
+    model.compile(_adam(), LOSS)
+    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    _freeze_first(model, False)
+    model.compile(_adam(), LOSS)
+    with pytest.raises(ValueError, match=r"flush_window\(\)"):
+        model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    assert int(model.accumulation.micro_step.numpy()) == 2  # nothing was lost
+    assert model.flush_window()  # applied to the two variables it was accumulated for
+    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    assert len(model.accumulation.accumulators) == 4
+
+    plain = small_mlp()
+    trainer = ac.AccumTrainer(plain, _adam(), LOSS, accum_steps=K, end_of_epoch="carry")
+    _freeze_first(plain)
+    trainer.fit(_ds(x, y), verbose=0)
+    _freeze_first(plain, False)
+    trainer.optimizer = _adam()
+    with pytest.raises(ValueError, match=r"trainer\.flush\(\)"):
+        trainer.fit(_ds(x, y), verbose=0)
+    assert int(trainer.state.micro_step.numpy()) == 2
+
+
+def test_unfreezing_without_compile_keeps_the_traced_set_as_keras_does(data):
+    # Plain Keras keeps training the variables its train function was traced with until
+    # `compile` is called again; AccumModel does the same, and its end-of-epoch flush applies
+    # each window to the variables it was accumulated for.
+    x, y = data
+    plain = small_mlp()
+    initial = get_weights(plain)
+    _freeze_first(plain)
+    plain.compile(_adam(), LOSS)
+    plain.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
+    _freeze_first(plain, False)
+    plain.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
+    assert np.array_equal(get_weights(plain)[0], initial[0])  # Keras: still frozen
+
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    _freeze_first(model)
+    model.compile(_adam(), LOSS)
+    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    _freeze_first(model, False)
+    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    assert_matches_reference(model, initial, get_weights(plain))
+
+
+# ---------------------------------------------------------------------------- non-finite
+N_BAD, BAD_MB = 16, 2  # 4 micro-batches of 4, the third one poisoned; K = 4
+
+
+def _clean_and_poisoned():
+    rng = np.random.default_rng(5)
+    xa = rng.normal(size=(N_BAD, 8)).astype("float32")
+    xa[BAD_MB * 4 + 1, 3] = np.nan
+    ya = rng.integers(0, 3, N_BAD).astype("int32")
+    xb = rng.normal(size=(N_BAD, 8)).astype("float32")
+    yb = rng.integers(0, 3, N_BAD).astype("int32")
+    return xa, ya, xb, yb
+
+
+def _recovery_reference(xa, ya, xb, yb):
+    """The kept half window (micro-batches 0, 1 of the bad run) + the clean run, windows of 4."""
+    model = small_mlp()
+    initial = get_weights(model)
+    model.compile(_adam(), LOSS)
+    model.train_on_batch(np.concatenate([xa[:8], xb[:8]]), np.concatenate([ya[:8], yb[:8]]))
+    model.train_on_batch(xb[8:], yb[8:])  # a partial window, flushed at the end of the epoch
+    return initial, get_weights(model)
+
+
+@pytest.mark.parametrize("recompile", (False, True))
+def test_fit_after_nonfinite_error_starts_clean_and_keeps_the_half_window(recompile, caplog):
+    xa, ya, xb, yb = _clean_and_poisoned()
+    initial, reference = _recovery_reference(xa, ya, xb, yb)
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=4)
+    model.compile(_adam(), LOSS)
+    with pytest.raises(ac.NonFiniteGradientError, match=r"next `fit`.*clear_nonfinite") as err:
+        model.fit(xa, ya, batch_size=4, shuffle=False, verbose=0)
+    assert err.value.window_position == BAD_MB
+    if recompile:
+        model.compile(_adam(), LOSS)  # the old optimizer never stepped: same reference
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        model.fit(xb, yb, batch_size=4, shuffle=False, verbose=0)  # was: the same error again
+    assert "is kept" in caplog.text and "2 micro-batches, 8 samples" in caplog.text
+    assert_matches_reference(model, initial, reference)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_trainer_fit_after_nonfinite_error_starts_clean(mode, caplog):
+    xa, ya, xb, yb = _clean_and_poisoned()
+    initial, reference = _recovery_reference(xa, ya, xb, yb)
+    model = small_mlp()
+    trainer = ac.AccumTrainer(model, _adam(), LOSS, accum_steps=4)
+    with pytest.raises(ac.NonFiniteGradientError, match="clear_nonfinite"):
+        trainer.fit(_ds(xa, ya, 4), mode=mode, verbose=0)
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        trainer.fit(_ds(xb, yb, 4), mode=mode, verbose=0)
+    assert "is kept" in caplog.text
+    assert_matches_reference(model, initial, reference)
+
+
+# ---------------------------------------------------------------------------- steps_per_epoch
+def test_infinite_dataset_without_steps_per_epoch_raises_at_once(data):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        trainer.fit(_ds(x, y).repeat(), epochs=1, verbose=0)
+    assert not trainer.state.built  # nothing ran
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_per_epoch_continues_the_iterator_across_epochs(mode, data):
+    # 5 micro-batches per pass, 4 per epoch, K = 3: epoch 0 = [0 1 2] [3], epoch 1 = [4 0 1] [2]
+    # (the iterator goes on across epochs, as in Keras; each epoch's partial window is applied).
+    x, y = data
+    model = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
+    history = model.fit(_ds(x, y).repeat(), epochs=2, steps_per_epoch=4, mode=mode, verbose=0)
+    assert history.updates == [2, 2]
+    assert len(history.micro_losses) == 8
+
+    ref = small_mlp()
+    initial = get_weights(ref)
+    ref.compile(_adam(), LOSS)
+    mb = [np.arange(i * MICRO, (i + 1) * MICRO) for i in range(5)]
+    for window in ([0, 1, 2], [3], [4, 0, 1], [2]):
+        idx = np.concatenate([mb[i] for i in window])
+        ref.train_on_batch(x[idx], y[idx])
+    assert_matches_reference(model.model, initial, get_weights(ref))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_steps_per_epoch_running_out_of_data_behaves_as_keras(mode, data):
+    x, y = data  # 5 micro-batches, steps_per_epoch=3: Keras trains 3, 2 (+ warning), 3
+    counts: list[int] = []
+
+    class Count(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            counts.append(0)
+
+        def on_train_batch_end(self, batch, logs=None):
+            counts[-1] += 1
+
+    plain = small_mlp()
+    plain.compile(_adam(), LOSS)
+    with pytest.warns(UserWarning, match="ran out of data"):
+        plain.fit(_ds(x, y), epochs=3, steps_per_epoch=3, verbose=0, callbacks=[Count()])
+
+    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
+    seen: list[int] = []
+    with pytest.warns(UserWarning, match="ran out of data"):
+        history = trainer.fit(_ds(x, y), epochs=3, steps_per_epoch=3, mode=mode, verbose=0,
+                              on_epoch_end=lambda e, h: seen.append(len(h.micro_losses)))
+    per_epoch = np.diff([0, *seen]).tolist()
+    assert per_epoch == counts == [3, 2, 3]
+    assert history.updates == [1, 1, 1]  # [0 1 2], [3 4] flushed, [0 1 2] (a new pass)
+
+
+# ---------------------------------------------------------------------------- arrays
+@pytest.mark.parametrize("mode", MODES)
+def test_fit_takes_arrays_like_model_fit(mode, data):
+    x, y = data
+    sw = np.random.default_rng(2).uniform(0, 2, size=len(x)).astype("float32")
+    initial, reference = reference_weights(_adam, x, y, sw, micro=MICRO, k=K, epochs=2)
+    model = small_mlp()
+    trainer = ac.AccumTrainer(model, _adam(), LOSS, accum_steps=K)
+    trainer.fit(x, y, batch_size=MICRO, epochs=2, sample_weight=sw, shuffle=False, mode=mode,
+                verbose=0)  # was: TypeError
+    assert_matches_reference(model, initial, reference)
+
+
+def test_fit_arrays_default_batch_size_is_the_micro_batch_size(data):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, effective_batch_size=24,
+                              micro_batch_size=8)
+    history = trainer.fit(x, y, verbose=0)
+    assert history.micro_weights == [8.0] * 5
+    with pytest.raises(ValueError, match="`batch_size`=16 contradicts"):
+        trainer.fit(x, y, batch_size=16, verbose=0)
+
+
+def test_array_shuffle_draws_a_new_permutation_every_epoch():
+    ids = np.arange(20, dtype="int64")
+    tf.random.set_seed(0)
+    shuffled = array_dataset((ids,), 6, shuffle=True)
+    epochs = [np.concatenate([b[0].numpy() for b in shuffled]) for _ in range(3)]
+    for order in epochs:
+        assert sorted(order.tolist()) == ids.tolist()  # every sample once per epoch
+    assert not np.array_equal(epochs[0], ids) and not np.array_equal(epochs[0], epochs[1])
+    kept = array_dataset((ids,), 6, shuffle=False)
+    assert np.concatenate([b[0].numpy() for b in kept]).tolist() == ids.tolist()
+    assert [len(b[0]) for b in kept] == [6, 6, 6, 2]
+
+
+def test_fit_rejects_keras_arguments_that_do_not_apply(data):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
+    with pytest.raises(ValueError, match="`batch_size` must not be given with a dataset"):
+        trainer.fit(_ds(x, y), batch_size=8, verbose=0)
+    with pytest.raises(ValueError, match="did you mean `epochs=`"):
+        trainer.fit(_ds(x, y), None, 2, verbose=0)  # Keras's positions: x, y, batch_size
+    assert trainer.fit(_ds(x, y), 2, verbose=0).updates == [2, 2]  # the earlier fit(ds, epochs)
+    with pytest.raises(TypeError, match=r"from_tensor_slices"):
+        trainer.fit((b for b in [(x, y)]), verbose=0)
+    with pytest.raises(ValueError, match="same number of samples"):
+        trainer.fit(x, y[:-1], verbose=0)
+
+
+# ---------------------------------------------------------------------------- optimizer names
+def test_optimizer_by_name_as_in_compile(data):
+    x, y = data
+    make = lambda: keras.optimizers.get("adam")  # noqa: E731 - Keras's defaults
+    initial, reference = reference_weights(make, x, y, None, micro=MICRO, k=K)
+    model = small_mlp()
+    trainer = ac.AccumTrainer(model, "adam", LOSS, accum_steps=K)  # was: TypeError
+    assert isinstance(trainer.optimizer, keras.optimizers.Adam)
+    trainer.fit(_ds(x, y), verbose=0)
+    assert_matches_reference(model, initial, reference)
+    with pytest.raises(ValueError, match="Unknown `optimizer`='adamm'"):
+        ac.AccumTrainer(small_mlp(), "adamm", LOSS, accum_steps=K)
+
+
+# ---------------------------------------------------------------------------- reductions
+SUM_LOSS = keras.losses.SparseCategoricalCrossentropy(reduction="sum")
+
+
+def _sgd_small() -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(0.005)  # a summed loss has gradients ~B times larger
+
+
+@pytest.mark.parametrize("entry", ("eager", "function", "graph", "window_step", "fit"))
+def test_sum_reduction_is_exact(entry, data):
+    from conftest import train_entry
+
+    x, y = data
+    initial, reference = reference_weights(_sgd_small, x, y, None, micro=MICRO, k=K,
+                                           epochs=2, loss=SUM_LOSS)
+    model = train_entry(entry, _sgd_small, x, y, None, micro=MICRO, k=K, epochs=2,
+                        loss=SUM_LOSS)
+    assert_matches_reference(model, initial, reference)  # was: rel 0.7-1.0, silently
+
+
+def test_unsupported_reductions_raise_and_name_the_ones_that_work(data):
+    x, y = data
+    none_loss = keras.losses.SparseCategoricalCrossentropy(reduction="none")
+    with pytest.raises(ValueError, match="sum_over_batch_size.*mean_with_sample_weight"):
+        ac.AccumTrainer(small_mlp(), _adam(), none_loss, accum_steps=K)
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    model.compile(_adam(), none_loss)
+    with pytest.raises(ValueError, match="sum_over_batch_size"):
+        model.fit(x, y, batch_size=MICRO, verbose=0)
+    with pytest.raises(ValueError, match="normalizer='sample_weight' does not match"):
+        ac.AccumTrainer(small_mlp(), _adam(), keras.losses.SparseCategoricalCrossentropy(),
+                        accum_steps=K, normalizer="sample_weight")
+
+
+def test_sum_reduction_with_regularisation_losses_raises(data):
+    x, y = data
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    outputs = keras.layers.Dense(3, activation="softmax",
+                                 kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
+    trainer = ac.AccumTrainer(keras.Model(inputs, outputs), _sgd_small(), SUM_LOSS,
+                              accum_steps=K)
+    with pytest.raises(ValueError, match="regularisation losses"):
+        trainer.fit(_ds(x, y), mode="eager", verbose=0)
+    assert trainer.state.counters()["micro_batches_seen"] == 0
+
+
+# ---------------------------------------------------------------------------- unbatched data
+@pytest.mark.parametrize("mode", MODES)
+def test_unbatched_dataset_names_batch(mode, data):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
+    with pytest.raises(ValueError, match=r"dataset\.batch\(b\)"):
+        trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)), mode=mode, verbose=0)
+
+
+def test_unbuilt_model_that_fails_to_build_names_batch(data):
+    x, y = data
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, inputs):
+            return self.dense(tf.reshape(inputs, (-1, 8, 1)))[:, 0, :]
+
+    trainer = ac.AccumTrainer(Net(), _adam(), LOSS, accum_steps=K)
+    with pytest.raises(ValueError, match=r"dataset\.batch\(b\)"):
+        trainer.fit(tf.data.Dataset.from_tensor_slices((x[:, :3], y)), verbose=0)
