@@ -99,6 +99,21 @@ def test_heatmap_texts_colorbar_annotations_and_highlight():
     assert len(outlines) == 2
 
 
+def test_heatmap_scale_from_vmin_separates_the_top_and_inks_by_that_scale():
+    values = np.array([[10.0, 93.0], [96.0, 97.5]])  # one poor cell, three good ones
+    ax = plotting.heatmap(None, values, row_labels=["a", "b"], col_labels=[1, 2], title="t",
+                          xlabel="x", ylabel="y", colorbar_label="accuracy (%)", fmt="{:.1f}",
+                          vmin=92.5, vmax=97.5)
+    image = ax.images[0]
+    assert image.get_clim() == (92.5, 97.5)
+    colours = image.to_rgba(values)
+    assert not np.allclose(colours[0, 1], colours[1, 0])  # 93 and 96 get different colours
+    assert np.allclose(colours[0, 0], image.to_rgba(92.5))  # below vmin: the end colour
+    ink = {t.get_text(): t.get_color() for t in ax.texts}
+    # Middle of the colour scale (95), not of the data (53.75): 93 is on the dark side.
+    assert ink["93.0"] == "white" and ink["96.0"] == "black" and ink["10.0"] == "white"
+
+
 def test_heatmap_rejects_wrong_shape_and_missing_colorbar_label():
     with pytest.raises(ValueError, match="shape"):
         plotting.heatmap(None, np.zeros((2, 2)), row_labels=[1], col_labels=[1, 2], title="t",

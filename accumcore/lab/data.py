@@ -61,7 +61,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     Args:
         path: a local ``mnist.npz`` to use when the Keras download fails. Defaults to the
             ``ACCUMCORE_MNIST_PATH`` environment variable.
-        verbose: print which source was used.
+        verbose: print which source was used (and let Keras print its download line);
+            ``False`` prints nothing.
 
     Returns:
         An :class:`MNIST` with uint8 arrays and ``source``.
@@ -70,9 +71,14 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
         RuntimeError: if the download fails and no local file is configured or readable.
     """
     try:
+        import contextlib
+        import io
+
         import keras
 
-        (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
+        quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+        with quiet:  # Keras prints "Downloading data from ..." before a download can fail
+            (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
         data = MNIST(x_train, y_train, x_test, y_test, source="keras")
     except Exception as download_error:  # noqa: BLE001 - any failure falls back to the file
         local = path or os.environ.get(MNIST_PATH_ENV)

@@ -152,7 +152,8 @@ def heatmap(
         fmt: format of the cell annotations.
         highlight: ``(row, col)`` cells to outline (e.g. the best learning rate per batch size);
             they get a legend entry named ``highlight_label``.
-        vmin, vmax: colour limits (default: data range).
+        vmin, vmax: colour limits (default: data range); values outside are drawn in the
+            end colours (so a scale that starts at the useful range separates the good cells).
 
     Returns:
         The axes.
@@ -173,7 +174,9 @@ def heatmap(
     ax.set_xticks(range(len(col_labels)), [str(c) for c in col_labels])
     ax.set_yticks(range(len(row_labels)), [str(r) for r in row_labels])
     finite = values[np.isfinite(values)]
-    middle = (float(np.min(finite)) + float(np.max(finite))) / 2 if finite.size else 0.0
+    low = vmin if vmin is not None else (float(np.min(finite)) if finite.size else 0.0)
+    high = vmax if vmax is not None else (float(np.max(finite)) if finite.size else 0.0)
+    middle = (low + high) / 2  # of the colour scale: values below vmin are drawn darkest
     for r in range(values.shape[0]):
         for c in range(values.shape[1]):
             v = values[r, c]
