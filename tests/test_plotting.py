@@ -152,3 +152,15 @@ def test_horizontal_bars_put_values_on_x():
     widths = sorted(r.get_width() for r in ax.patches if np.isfinite(r.get_width()))
     assert widths == pytest.approx([1e-6, 0.5, 2.0])
     assert ax.get_xlabel() == "relative error (log scale)" and ax.get_ylabel() == "pitfall"
+
+
+def test_bars_legend_outside_the_axes_and_none_for_a_single_series():
+    ax = plotting.bars(None, {"a": {"s": 1.0, "t": 2.0}, "b": {"s": 3.0, "t": 4.0}},
+                       title="t", xlabel="x", ylabel="y")
+    ax.figure.canvas.draw()
+    legend_box = ax.get_legend().get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert legend_box.x0 >= axes_box.x1  # to the right of the plot: covers no bar
+    single = plotting.bars(None, {"a": {"seconds": 1.0}, "b": {"seconds": 2.0}},
+                           title="t", xlabel="run", ylabel="seconds per epoch")
+    assert single.get_legend() is None

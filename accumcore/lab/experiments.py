@@ -253,6 +253,7 @@ def train_compare(
     n_train_eval: int = 2000,
     seed: int = 0,
     verbose: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, CompareRun]:
     """Train one model per configuration from identical weights, on the identical data order.
 
@@ -279,6 +280,7 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
+        progress: called with that line too (e.g. :func:`accumcore.lab.book.progress`).
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -323,9 +325,12 @@ def train_compare(
             seen += len(order)
             if points[-1][0] != seen:  # the epoch did not end on a checkpoint
                 record(seen)
+            line = (f"{name}: epoch {epoch + 1}/{epochs}, {run.epoch_seconds[-1]:.1f} s, "
+                    f"test accuracy {points[-1][3]:.4f}")
             if verbose:
-                print(f"{name}: epoch {epoch + 1}/{epochs}, {run.epoch_seconds[-1]:.1f} s, "
-                      f"test accuracy {points[-1][3]:.4f}")
+                print(line)
+            if progress is not None:
+                progress(line)
         run.updates = int(model.optimizer.iterations.numpy())
         run.final_weights = get_weights(model)
         arr = np.asarray(points, np.float64)

@@ -219,7 +219,9 @@ def bars(
             ``horizontal=True`` the values run along x, so ``xlabel`` names the values.
         logy: logarithmic *value* axis (for errors spanning many decades); x when horizontal.
         reference_line: draw a dashed line at this value (e.g. a tolerance).
-        reference_label: its legend entry.
+        reference_label: its legend entry. The legend sits outside the axes, to the right
+            (inside it could cover a bar); a single series without a reference line gets
+            none (the value axis's label names it).
         rotate: rotation of the group labels, degrees (vertical bars only).
         horizontal: horizontal bars, one row per group (for many or long group names).
 
@@ -264,5 +266,7 @@ def bars(
             ax.set_yscale("log")
         ax.grid(True, axis="y", alpha=0.3)
     _label(ax, title, xlabel, ylabel)
-    ax.legend()
+    if len(names) > 1 or reference_line is not None:
+        # Outside the axes, to the right: a legend inside can cover a bar.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return ax
