@@ -143,8 +143,32 @@ def test_lr_sweep_grid_best_lr_and_divergence(data):
     np.testing.assert_array_equal(sweep.best_index, best)
     np.testing.assert_array_equal(sweep.best_lr, np.array([0.01, 0.3, 1e6])[best])
     np.testing.assert_array_equal(sweep.best_accuracy, np.nanmax(sweep.accuracy, axis=0))
-    with pytest.raises(ValueError, match="multiple of `micro_batch`"):
+    with pytest.raises(ValueError, match="multiple of its `micro_batch`"):
         ex.lr_sweep(x, y, xv, yv, optimizer="sgd", learning_rates=[0.1], batch_sizes=[24])
+    trained = np.nan_to_num(sweep.accuracy) > 0.2
+    expected = [max((lr for lr, ok in zip([0.01, 0.3, 1e6], trained[:, j]) if ok),
+                    default=np.nan) for j in (0, 1)]
+    np.testing.assert_array_equal(sweep.largest_stable_lr, expected)
+    assert not np.any(sweep.largest_stable_lr == 1e6)  # the diverged rate never counts
+
+
+def test_lr_sweep_per_epoch_results_per_batch_micro_batches_and_progress(data):
+    x, y, xv, yv = data
+    lines = []
+    kwargs = dict(optimizer="sgd", learning_rates=[0.05, 0.2], batch_sizes=[16, 64],
+                  build_model=BUILD, mode="function")
+    two = ex.lr_sweep(x, y, xv, yv, epochs=2, micro_batch=[16, 32], progress=lines.append,
+                      **kwargs)
+    one = ex.lr_sweep(x, y, xv, yv, epochs=1, micro_batch=16, **kwargs)
+    assert two.accuracy_by_epoch.shape == (2, 2, 2) and two.micro_batches.tolist() == [16, 32]
+    # Epoch 1 of the 2-epoch runs is the 1-epoch run (64 = 2 x 32 accumulated is 4 x 16).
+    np.testing.assert_allclose(two.loss_by_epoch[0], one.loss, atol=CURVE_TOL)
+    np.testing.assert_array_equal(two.loss, two.loss_by_epoch[1])
+    assert np.all(two.loss_by_epoch[1] != two.loss_by_epoch[0])  # the 2nd epoch trained
+    np.testing.assert_array_equal(two.best_lr_after(1), one.best_lr)
+    assert len(lines) == 4 and "[run 4/4]" in lines[-1] and "B=64 (2 x 32)" in lines[-1]
+    with pytest.raises(ValueError, match="one micro-batch size per batch size"):
+        ex.lr_sweep(x, y, xv, yv, micro_batch=[16], **kwargs)
 
 
 def test_lr_sweep_with_warmup_takes_smaller_first_steps(data):

@@ -234,3 +234,35 @@ def test_dropout_gap_is_of_the_order_of_a_different_dropout_seed(data):
 def test_measure_rejects_bad_which(two_windows):
     with pytest.raises(ValueError, match="which"):
         pitfalls.measure(two_windows, pitfalls.correct_loop, which="moving")
+
+
+# ------------------------------------------------------------------------------- display
+
+
+@pytest.mark.parametrize("obj", [pitfalls.partial_window_divided_by_k,
+                                 pitfalls.SumRawGradientsModel])
+def test_recipe_source_drops_docstrings_keeps_bug_lines_narrow(obj):
+    source = pitfalls.recipe_source(obj)
+    assert '"""' not in source and "# BUG" in source
+    assert max(len(line) for line in source.splitlines()) <= 88
+    for line in source.splitlines():  # a BUG comment stands on a line of its own
+        assert "# BUG" not in line or line.lstrip().startswith("# BUG")
+
+
+# ------------------------------------------------------------------------------- embeddings
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "rmsprop"])
+def test_embedding_keras_sparse_step_vs_dense_update(name):
+    make = {"sgd": lambda: keras.optimizers.SGD(0.5),
+            "adam": lambda: keras.optimizers.Adam(1e-2),
+            "rmsprop": lambda: keras.optimizers.RMSprop(1e-2)}[name]
+    p = pitfalls.embedding_problem(make_optimizer=make)
+    tokens = np.concatenate([b[0] for b in p.large_batches()[0:1]])
+    assert len(np.unique(tokens)) < tokens.size / 4  # many repeated token ids per batch
+    gap = pitfalls.embedding_gap(p)
+    assert gap["accumcore_vs_dense"] < EXACT  # accumcore's update is the dense one
+    if name == "sgd":  # SGD is linear in the gradient: sparse rows sum to the dense row
+        assert gap["keras_vs_dense"] < EXACT
+    else:  # squared statistics of repeated rows: sum of squares, not square of the sum
+        assert gap["keras_vs_dense"] > 1e-2

@@ -99,6 +99,21 @@ def test_heatmap_texts_colorbar_annotations_and_highlight():
     assert len(outlines) == 2
 
 
+def test_heatmap_scale_from_vmin_separates_the_top_and_inks_by_that_scale():
+    values = np.array([[10.0, 93.0], [96.0, 97.5]])  # one poor cell, three good ones
+    ax = plotting.heatmap(None, values, row_labels=["a", "b"], col_labels=[1, 2], title="t",
+                          xlabel="x", ylabel="y", colorbar_label="accuracy (%)", fmt="{:.1f}",
+                          vmin=92.5, vmax=97.5)
+    image = ax.images[0]
+    assert image.get_clim() == (92.5, 97.5)
+    colours = image.to_rgba(values)
+    assert not np.allclose(colours[0, 1], colours[1, 0])  # 93 and 96 get different colours
+    assert np.allclose(colours[0, 0], image.to_rgba(92.5))  # below vmin: the end colour
+    ink = {t.get_text(): t.get_color() for t in ax.texts}
+    # Middle of the colour scale (95), not of the data (53.75): 93 is on the dark side.
+    assert ink["93.0"] == "white" and ink["96.0"] == "black" and ink["10.0"] == "white"
+
+
 def test_heatmap_rejects_wrong_shape_and_missing_colorbar_label():
     with pytest.raises(ValueError, match="shape"):
         plotting.heatmap(None, np.zeros((2, 2)), row_labels=[1], col_labels=[1, 2], title="t",
@@ -137,3 +152,15 @@ def test_horizontal_bars_put_values_on_x():
     widths = sorted(r.get_width() for r in ax.patches if np.isfinite(r.get_width()))
     assert widths == pytest.approx([1e-6, 0.5, 2.0])
     assert ax.get_xlabel() == "relative error (log scale)" and ax.get_ylabel() == "pitfall"
+
+
+def test_bars_legend_outside_the_axes_and_none_for_a_single_series():
+    ax = plotting.bars(None, {"a": {"s": 1.0, "t": 2.0}, "b": {"s": 3.0, "t": 4.0}},
+                       title="t", xlabel="x", ylabel="y")
+    ax.figure.canvas.draw()
+    legend_box = ax.get_legend().get_window_extent()
+    axes_box = ax.get_window_extent()
+    assert legend_box.x0 >= axes_box.x1  # to the right of the plot: covers no bar
+    single = plotting.bars(None, {"a": {"seconds": 1.0}, "b": {"seconds": 2.0}},
+                           title="t", xlabel="run", ylabel="seconds per epoch")
+    assert single.get_legend() is None

@@ -63,7 +63,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True, quiet: bool = F
     Args:
         path: a local ``mnist.npz`` to use when the Keras download fails. Defaults to the
             ``ACCUMCORE_MNIST_PATH`` environment variable.
-        verbose: print which source was used.
+        verbose: print which source was used; ``False`` prints nothing (Keras's download
+            line included).
         quiet: for pages that readers read (the book): hide what Keras prints while it tries
             the download (e.g. the "Downloading data from ..." line of a failed attempt) and,
             when ``verbose``, name a local file by its file name only, not its directory.
@@ -78,7 +79,7 @@ def load_mnist(path: str | None = None, *, verbose: bool = True, quiet: bool = F
     try:
         import keras
 
-        if quiet:  # Keras prints its download attempt; a reader need not see it fail
+        if quiet or not verbose:  # Keras prints its download attempt; a reader need not see it
             with contextlib.redirect_stdout(io.StringIO()):
                 (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
         else:

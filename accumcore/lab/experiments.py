@@ -253,6 +253,7 @@ def train_compare(
     n_train_eval: int = 2000,
     seed: int = 0,
     verbose: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, CompareRun]:
     """Train one model per configuration from identical weights, on the identical data order.
 
@@ -279,6 +280,7 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
+        progress: called with that line too (e.g. :func:`accumcore.lab.book.progress`).
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -323,9 +325,12 @@ def train_compare(
             seen += len(order)
             if points[-1][0] != seen:  # the epoch did not end on a checkpoint
                 record(seen)
+            line = (f"{name}: epoch {epoch + 1}/{epochs}, {run.epoch_seconds[-1]:.1f} s, "
+                    f"test accuracy {points[-1][3]:.4f}")
             if verbose:
-                print(f"{name}: epoch {epoch + 1}/{epochs}, {run.epoch_seconds[-1]:.1f} s, "
-                      f"test accuracy {points[-1][3]:.4f}")
+                print(line)
+            if progress is not None:
+                progress(line)
         run.updates = int(model.optimizer.iterations.numpy())
         run.final_weights = get_weights(model)
         arr = np.asarray(points, np.float64)
@@ -442,18 +447,28 @@ class _AccumRunner:
         else:  # a float learning rate is a variable owned by the optimizer
             self.optimizer.learning_rate = learning_rate
         diverged = False
-        start = time.perf_counter()
+        seconds = 0.0
+        by_epoch: list[tuple[float, float]] = []  # (loss, accuracy) after each epoch
         for dataset in datasets:
+            start = time.perf_counter()
             try:
                 self.trainer.fit(dataset, epochs=1, mode=self.mode, verbose=0)
             except NonFiniteGradientError:
                 diverged = True
+            seconds += time.perf_counter() - start
+            val_loss, val_acc = (float("nan"), float("nan")) if diverged else evaluate(
+                self.model, x_val, y_val)
+            if not np.isfinite(val_loss):
+                diverged, val_loss, val_acc = True, float("nan"), float("nan")
+            by_epoch.append((val_loss, val_acc))
+            if diverged:
                 break
-        seconds = time.perf_counter() - start
-        val_loss, val_acc = evaluate(self.model, x_val, y_val)
-        if diverged or not np.isfinite(val_loss):
-            diverged, val_loss, val_acc = True, float("nan"), float("nan")
+        while len(by_epoch) < len(datasets):  # a diverged run stays diverged
+            by_epoch.append((float("nan"), float("nan")))
+        val_loss, val_acc = by_epoch[-1]
         return {"val_loss": val_loss, "val_accuracy": val_acc, "diverged": diverged,
+                "val_loss_by_epoch": [v[0] for v in by_epoch],
+                "val_accuracy_by_epoch": [v[1] for v in by_epoch],
                 "updates": int(state.windows_applied.numpy()) - before, "seconds": seconds}
 
 
@@ -507,7 +522,9 @@ def train_accumulated(
 
     Returns:
         ``{"val_loss": nats, "val_accuracy": fraction, "diverged": bool, "updates": int,
-        "seconds": wall time of training}``; loss and accuracy are NaN when the run diverged.
+        "seconds": wall time of training, "val_loss_by_epoch": [nats] and
+        "val_accuracy_by_epoch": [fraction], one per epoch}``; loss and accuracy are NaN
+        when the run diverged (from the epoch in which it diverged on).
     """
     runner = _AccumRunner(optimizer, micro_batch, accum_steps, warmup_steps=warmup_steps,
                           build_model=build_model, seed=seed, mode=mode)
@@ -523,23 +540,58 @@ class SweepResult:
         warmup_epochs: linear warm-up length in epochs (0 = none).
         learning_rates: ``(n_lr,)`` the grid's (peak) learning rates.
         batch_sizes: ``(n_b,)`` effective batch sizes B = K * b (samples per update).
-        accuracy: ``(n_lr, n_b)`` validation accuracy (fraction); NaN where the run diverged.
-        loss: ``(n_lr, n_b)`` validation loss (nats); NaN where the run diverged.
+        accuracy: ``(n_lr, n_b)`` validation accuracy (fraction) after the last epoch; NaN
+            where the run diverged.
+        loss: ``(n_lr, n_b)`` validation loss (nats) after the last epoch; NaN where diverged.
+        accuracy_by_epoch: ``(epochs, n_lr, n_b)`` validation accuracy after each epoch (the
+            same runs, evaluated on the way: shorter budgets at no extra training).
+        loss_by_epoch: ``(epochs, n_lr, n_b)`` validation loss after each epoch (nats).
+        micro_batches: ``(n_b,)`` the micro-batch size b used for each batch size (K = B / b).
         updates: ``(n_b,)`` optimizer updates per run for each batch size.
         seconds: wall time of the whole sweep (seconds).
     """
 
     def __init__(self, optimizer: str, warmup_epochs: float, learning_rates: Sequence[float],
-                 batch_sizes: Sequence[int]) -> None:
+                 batch_sizes: Sequence[int], epochs: int = 1,
+                 micro_batches: Sequence[int] | None = None) -> None:
         self.optimizer = optimizer
         self.warmup_epochs = warmup_epochs
         self.learning_rates = np.asarray(learning_rates, np.float64)
         self.batch_sizes = np.asarray(batch_sizes, np.int64)
+        self.micro_batches = np.asarray(
+            batch_sizes if micro_batches is None else micro_batches, np.int64)
         shape = (len(self.learning_rates), len(self.batch_sizes))
-        self.accuracy = np.full(shape, np.nan)
-        self.loss = np.full(shape, np.nan)
+        self.accuracy_by_epoch = np.full((epochs, *shape), np.nan)
+        self.loss_by_epoch = np.full((epochs, *shape), np.nan)
         self.updates = np.zeros(len(self.batch_sizes), np.int64)
         self.seconds = 0.0
+
+    @property
+    def accuracy(self) -> np.ndarray:
+        """``(n_lr, n_b)`` validation accuracy after the last epoch (NaN = diverged)."""
+        return self.accuracy_by_epoch[-1]
+
+    @property
+    def loss(self) -> np.ndarray:
+        """``(n_lr, n_b)`` validation loss after the last epoch (nats; NaN = diverged)."""
+        return self.loss_by_epoch[-1]
+
+    def best_lr_after(self, epochs: int) -> np.ndarray:
+        """``(n_b,)`` the best learning rate per batch size after ``epochs`` epochs (1-based)."""
+        acc = self.accuracy_by_epoch[epochs - 1]
+        return self.learning_rates[np.argmax(np.where(np.isfinite(acc), acc, -np.inf), axis=0)]
+
+    @property
+    def largest_stable_lr(self) -> np.ndarray:
+        """``(n_b,)`` the largest learning rate of the grid that trained (above 20 % accuracy:
+        not diverged, not stuck at chance), per batch size; NaN if none did."""
+        ok = np.where(np.isfinite(self.accuracy), self.accuracy, 0.0) > 0.2
+        out = np.full(len(self.batch_sizes), np.nan)
+        for j in range(len(self.batch_sizes)):
+            rows = np.flatnonzero(ok[:, j])
+            if rows.size:
+                out[j] = self.learning_rates[rows.max()]
+        return out
 
     @property
     def best_index(self) -> np.ndarray:
@@ -576,18 +628,21 @@ def lr_sweep(
     optimizer: str,
     learning_rates: Sequence[float],
     batch_sizes: Sequence[int],
-    micro_batch: int = 16,
+    micro_batch: int | Sequence[int] = 16,
     epochs: int = 1,
     warmup_epochs: float = 0.0,
     build_model: Callable[..., keras.Model] = mlp,
     seed: int = 0,
     mode: str = "graph",
     verbose: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Validation accuracy over a learning-rate x effective-batch grid, by accumulation.
 
-    Every effective batch B is reached with micro-batches of ``micro_batch`` samples and
-    ``K = B / micro_batch`` accumulation steps (so memory use is that of batch b for every B).
+    Every effective batch B is reached with micro-batches of b samples and ``K = B / b``
+    accumulation steps (so memory use is that of batch b for every B); b is ``micro_batch``,
+    or ``micro_batch[j]`` for ``batch_sizes[j]`` when a sequence is given (accumulation is
+    exact, so b changes only the speed, not the result beyond float round-off).
     All runs start from the same weights and see the same micro-batches in the same order, for
     the same number of epochs (so a larger B makes fewer updates). One model and one traced
     epoch per batch size are reused across the learning rates.
@@ -597,8 +652,8 @@ def lr_sweep(
         x_val, y_val: validation data.
         optimizer: ``"sgd"`` or ``"adam"``.
         learning_rates: the grid (peak learning rates when warming up).
-        batch_sizes: effective batch sizes; each a multiple of ``micro_batch``.
-        micro_batch: b, samples per micro-batch.
+        batch_sizes: effective batch sizes; each a multiple of its micro-batch size.
+        micro_batch: b, samples per micro-batch: one int, or one per batch size.
         epochs: passes over the training data per run.
         warmup_epochs: linear warm-up length in epochs (0 = none); ``round(warmup_epochs * n /
             B)`` updates (at least 1) for batch size B.
@@ -606,29 +661,52 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
+        progress: called with a one-line message after each run (e.g.
+            :func:`accumcore.lab.book.progress`).
 
     Returns:
         A :class:`SweepResult`.
     """
-    for batch in batch_sizes:
-        if batch % micro_batch:
+    if isinstance(micro_batch, (int, np.integer)):
+        micro_batches = [int(micro_batch)] * len(batch_sizes)
+    else:
+        micro_batches = [int(b) for b in micro_batch]
+        if len(micro_batches) != len(batch_sizes):
             raise ValueError(
-                f"Every batch size must be a multiple of `micro_batch`={micro_batch} (B = K * b), "
-                f"got {batch}."
+                f"`micro_batch` has {len(micro_batches)} entries but `batch_sizes` has "
+                f"{len(batch_sizes)}: give one int, or one micro-batch size per batch size."
             )
-    result = SweepResult(optimizer, warmup_epochs, learning_rates, batch_sizes)
-    datasets = epoch_datasets(x_train, y_train, micro_batch, epochs, seed)
+    for batch, b in zip(batch_sizes, micro_batches):
+        if batch % b:
+            raise ValueError(
+                f"Every batch size must be a multiple of its `micro_batch` (B = K * b): "
+                f"got B = {batch} with b = {b}."
+            )
+    result = SweepResult(optimizer, warmup_epochs, learning_rates, batch_sizes, epochs,
+                         micro_batches)
+    datasets_by_b: dict[int, list] = {}
     start = time.perf_counter()
-    for j, batch in enumerate(batch_sizes):
+    total, done = len(batch_sizes) * len(learning_rates), 0
+    for j, (batch, b) in enumerate(zip(batch_sizes, micro_batches)):
+        if b not in datasets_by_b:
+            datasets_by_b[b] = epoch_datasets(x_train, y_train, b, epochs, seed)
         warmup = max(1, round(warmup_epochs * len(x_train) / batch)) if warmup_epochs else 0
-        runner = _AccumRunner(optimizer, micro_batch, batch // micro_batch, warmup_steps=warmup,
+        runner = _AccumRunner(optimizer, b, batch // b, warmup_steps=warmup,
                               build_model=build_model, seed=seed, mode=mode)
         for i, lr in enumerate(learning_rates):
-            out = runner.run(float(lr), datasets, x_val, y_val)
-            result.accuracy[i, j], result.loss[i, j] = out["val_accuracy"], out["val_loss"]
+            out = runner.run(float(lr), datasets_by_b[b], x_val, y_val)
+            result.accuracy_by_epoch[:, i, j] = out["val_accuracy_by_epoch"]
+            result.loss_by_epoch[:, i, j] = out["val_loss_by_epoch"]
             result.updates[j] = max(result.updates[j], out["updates"])
+            done += 1
+            score = ("diverged" if out["diverged"]
+                     else f"accuracy {100 * out['val_accuracy']:.2f}%")
+            line = (f"{optimizer}{' + warm-up' if warmup_epochs else ''} B={batch} "
+                    f"({batch // b} x {b}) lr={lr:g}: {score} ({out['seconds']:.1f} s) "
+                    f"[run {done}/{total}]")
             if verbose:
-                print(f"{optimizer} B={batch:5d} lr={lr:<8g} acc={out['val_accuracy']:.4f} "
-                      f"({out['updates']} updates, {out['seconds']:.1f} s)")
+                print(line)
+            if progress is not None:
+                progress(line)
     result.seconds = time.perf_counter() - start
     return result

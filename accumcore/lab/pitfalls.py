@@ -200,6 +200,27 @@ def dropout_mlp(
 # ---------------------------------------------------------------------------------------------
 
 
+def recipe_source(obj: Any) -> str:
+    """The source of a recipe (function or class) without its docstrings, for display.
+
+    The book prints each recipe next to prose that says what it does; the code lines, with
+    their ``# BUG`` comments on lines of their own, stay within 88 columns.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(obj))
+    lines = source.splitlines()
+    drop: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+                ast.get_docstring(node) is not None):
+            doc = node.body[0]
+            drop.update(range(doc.lineno - 1, doc.end_lineno))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop) + "\n"
+
+
 def _select(weights: Sequence[np.ndarray], model: keras.Model, which: str) -> list[np.ndarray]:
     if which == "all":
         return list(weights)
@@ -325,7 +346,8 @@ def loss_not_rescaled(p: Problem) -> keras.Model:
         acc = _zeros(model)
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
-            acc = [a + g for a, g in zip(acc, grads, strict=True)]  # BUG: never divided by K
+            # BUG: never divided by K
+            acc = [a + g for a, g in zip(acc, grads, strict=True)]
         opt.apply(acc, model.trainable_variables)
     return model
 
@@ -341,14 +363,17 @@ def accumulators_before_variables(p: Problem) -> keras.Model:
     model = keras.Sequential([type(layer).from_config(layer.get_config())
                               for layer in reference.layers[1:]])
     opt, loss_fn = p.make_optimizer(), as_loss_fn(p.loss)
-    acc = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]  # BUG: [] here
+    # BUG: no variables yet, so `acc` is [] (and zip() below stops at once)
+    acc = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]
     for window in p.windows():
         for batch in window:
-            if not model.built:  # first call builds it; start from the reference's weights
+            # The first call builds the model; start from the reference's weights.
+            if not model.built:
                 model(batch[0])
                 model.set_weights(reference.get_weights())
             _, grads = mean_loss_gradients(model, loss_fn, batch)
-            for a, g in zip(acc, grads):  # noqa: B905 - the bug: zip() truncates silently
+            # BUG (the consequence): zip() stops at the shorter list, [], silently
+            for a, g in zip(acc, grads):  # noqa: B905
                 a.assign_add(g / len(window))
         opt.apply([a.value() for a in acc],  # noqa: B905
                   [v for v, _ in zip(model.trainable_variables, acc)])
@@ -365,7 +390,8 @@ def never_reset(p: Problem) -> keras.Model:
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             acc = [a + g / len(window) for a, g in zip(acc, grads, strict=True)]
-        opt.apply(acc, model.trainable_variables)  # BUG: `acc` is not reset after the update
+        # BUG: `acc` is not reset after the update
+        opt.apply(acc, model.trainable_variables)
     return model
 
 
@@ -374,7 +400,8 @@ def reset_every_micro_batch(p: Problem) -> keras.Model:
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
     for window in p.windows():
         for batch in window:
-            acc = _zeros(model)  # BUG: reset at every micro-batch instead of every window
+            # BUG: reset at every micro-batch instead of every window
+            acc = _zeros(model)
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             acc = [a + g / len(window) for a, g in zip(acc, grads, strict=True)]
         opt.apply(acc, model.trainable_variables)
@@ -386,7 +413,8 @@ def partial_window_dropped(p: Problem) -> keras.Model:
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
     for window in p.windows():
         if len(window) < p.accum_steps:
-            break  # BUG: the partial window's samples never reach the model
+            # BUG: the partial window's samples never reach the model
+            break
         acc, total = _zeros(model), 0.0
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
@@ -405,7 +433,8 @@ def partial_window_divided_by_k(p: Problem) -> keras.Model:
         acc = _zeros(model)
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
-            acc = [a + g / k for a, g in zip(acc, grads, strict=True)]  # BUG: / K, not / r
+            # BUG: the last window holds r < K micro-batches: / K, not / r
+            acc = [a + g / k for a, g in zip(acc, grads, strict=True)]
         opt.apply(acc, model.trainable_variables)
     return model
 
@@ -421,7 +450,8 @@ def mean_of_means(p: Problem) -> keras.Model:
         acc = _zeros(model)
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
-            acc = [a + g / len(window) for a, g in zip(acc, grads, strict=True)]  # BUG: 1/K
+            # BUG: weight 1/K per micro-batch, not its share of the window's samples
+            acc = [a + g / len(window) for a, g in zip(acc, grads, strict=True)]
         opt.apply(acc, model.trainable_variables)
     return model
 
@@ -443,7 +473,8 @@ def apply_every_micro_step(p: Problem) -> keras.Model:
             acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
             total += c
             last = 1.0 if i == len(window) - 1 else 0.0
-            opt.apply([last * a / total for a in acc],  # BUG: an optimizer step per micro-batch
+            # BUG: an optimizer step per micro-batch
+            opt.apply([last * a / total for a in acc],
                       model.trainable_variables)
     return model
 
@@ -459,13 +490,15 @@ def clip_per_micro_batch(p: Problem) -> keras.Model:
     base = p.make_optimizer()
     clip = base.global_clipnorm
     if not clip:
-        raise ValueError("clip_per_micro_batch needs an optimizer with `global_clipnorm` set.")
+        raise ValueError(
+            "clip_per_micro_batch needs an optimizer with `global_clipnorm` set.")
     opt = optimizer_like(base, global_clipnorm=None)  # clipping is done by hand below
     for window in p.windows():
         acc, total = _zeros(model), 0.0
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
-            grads, _ = tf.clip_by_global_norm(grads, clip)  # BUG: clip per micro-batch
+            # BUG: clip per micro-batch
+            grads, _ = tf.clip_by_global_norm(grads, clip)
             c = batch_weight(p, batch)
             acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
             total += c
@@ -485,19 +518,22 @@ def clip_before_unscale(p: Problem) -> keras.Model:
     model, loss_fn = p.build_model(), as_loss_fn(p.loss)
     lso = p.make_optimizer()
     if not isinstance(lso, keras.optimizers.LossScaleOptimizer):
-        raise ValueError("clip_before_unscale needs a keras.optimizers.LossScaleOptimizer.")
+        raise ValueError(
+            "clip_before_unscale needs a keras.optimizers.LossScaleOptimizer.")
     clip = lso.inner_optimizer.global_clipnorm
     inner = optimizer_like(lso.inner_optimizer, global_clipnorm=None)
     lso.build(model.trainable_variables)
     for window in p.windows():
         acc, total = _zeros(model), 0.0
         for batch in window:
-            _, grads = mean_loss_gradients(model, loss_fn, batch, optimizer=lso)  # scaled
+            # gradients of the scaled loss
+            _, grads = mean_loss_gradients(model, loss_fn, batch, optimizer=lso)
             c = batch_weight(p, batch)
             acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
             total += c
         grads = [a / total for a in acc]
-        grads, _ = tf.clip_by_global_norm(grads, clip)  # BUG: clipped before unscaling
+        # BUG: clipped before unscaling
+        grads, _ = tf.clip_by_global_norm(grads, clip)
         scale = lso.dynamic_scale
         inner.apply([g / scale for g in grads], model.trainable_variables)
     return model
@@ -552,13 +588,16 @@ class SumRawGradientsModel(keras.Model):
             loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
         grads = tape.gradient(loss, self.trainable_variables)
         for s, g in zip(self.gradient_sums, grads, strict=True):
-            s.assign_add(g)  # BUG: raw sum of K mean-loss gradients, never divided by K
+            # BUG: raw sum of K mean-loss gradients, never divided by K
+            s.assign_add(g)
         self.step_count.assign_add(1)
-        tf.cond(self.step_count >= self.accum_steps, self._apply_sum, lambda: tf.constant(0))
+        tf.cond(self.step_count >= self.accum_steps, self._apply_sum,
+                lambda: tf.constant(0))
         return {"loss": loss}
 
     def _apply_sum(self) -> tf.Tensor:
-        self.optimizer.apply([s.value() for s in self.gradient_sums], self.trainable_variables)
+        self.optimizer.apply([s.value() for s in self.gradient_sums],
+                             self.trainable_variables)
         for s in self.gradient_sums:
             s.assign(tf.zeros_like(s))
         self.step_count.assign(0)
@@ -572,7 +611,8 @@ def sum_raw_gradients_train_step(p: Problem) -> keras.Model:
     """
     sizes = set(p.sizes)
     if len(sizes) != 1:
-        raise ValueError(f"sum_raw_gradients_train_step needs equal micro-batches, got {p.sizes}.")
+        raise ValueError(
+            f"sum_raw_gradients_train_step needs equal micro-batches, got {p.sizes}.")
     model = p.build_model(model_cls=SumRawGradientsModel, accum_steps=p.accum_steps)
     model.compile(p.make_optimizer(), p.loss)
     x = np.concatenate([b[0] for b in p.micro_batches])
@@ -595,7 +635,8 @@ def tf_function_epoch_divide_by_k(p: Problem) -> keras.Model:
     acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
     sizes = set(p.sizes)
     if len(sizes) != 1:
-        raise ValueError(f"tf_function_epoch_divide_by_k needs equal micro-batches, got {p.sizes}.")
+        raise ValueError(
+            f"tf_function_epoch_divide_by_k needs equal micro-batches, got {p.sizes}.")
     x = np.concatenate([b[0] for b in p.micro_batches])
     y = np.concatenate([b[1] for b in p.micro_batches])
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(sizes.pop())
@@ -618,7 +659,8 @@ def tf_function_epoch_divide_by_k(p: Problem) -> keras.Model:
             if step % k == 0:
                 apply_and_reset()
         if step % k != 0:
-            apply_and_reset()  # BUG: the partial window was divided by K, not by step % K
+            # BUG: the partial window was divided by K, not by step % K
+            apply_and_reset()
 
     train_epoch(dataset)
     return model
@@ -657,3 +699,92 @@ def dropout_gap(p: Problem, *, other_dropout_seed: int = 2) -> dict[str, float]:
         raise ValueError("The two dropout seeds changed the initial weights; they must not.")
     return {"accumcore_vs_large": measure(p, accumcore_recipe),
             "large_vs_large_other_seed": relative_error(other_final, final, initial)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings: Keras's sparse large-batch step against the dense update
+# ---------------------------------------------------------------------------------------------
+
+
+def embedding_model(
+    vocab: int = 30, length: int = 10, width: int = 8, *, seed: int = 0,
+    model_cls: Callable[..., keras.Model] = keras.Model, **model_kwargs: Any,
+) -> keras.Model:
+    """A tiny text classifier: ``(batch, length)`` int tokens -> Embedding -> mean -> 2 classes.
+
+    The embedding's gradient is a ``tf.IndexedSlices`` with one row per token occurrence, so a
+    token that occurs several times in a batch appears several times in its indices.
+    """
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((length,), dtype="int32")
+    h = keras.layers.Embedding(vocab, width)(inputs)
+    h = keras.layers.GlobalAveragePooling1D()(h)
+    outputs = keras.layers.Dense(2, activation="softmax")(h)
+    return model_cls(inputs, outputs, **model_kwargs)
+
+
+def embedding_problem(
+    *,
+    micro_batches: int = 4,
+    sequences_per_micro_batch: int = 8,
+    accum_steps: int = 4,
+    vocab: int = 30,
+    length: int = 10,
+    seed: int = 0,
+    make_optimizer: Callable[[], keras.optimizers.Optimizer] | None = None,
+) -> Problem:
+    """Synthetic token sequences with many repeated tokens (a Zipf-like draw), two classes.
+
+    The label says whether the sequence holds more "low" tokens (ids below ``vocab // 2``)
+    than "high" ones. Default optimizer: ``Adam(1e-2)``.
+    """
+    rng = np.random.default_rng(seed)
+    n = micro_batches * sequences_per_micro_batch
+    p = 1.0 / np.arange(1, vocab + 1)
+    x = rng.choice(vocab, size=(n, length), p=p / p.sum()).astype("int32")
+    y = ((x < vocab // 2).sum(axis=1) > length // 2).astype("int32")
+    b = sequences_per_micro_batch
+    batches = [(x[i : i + b], y[i : i + b]) for i in range(0, n, b)]
+    return Problem(
+        functools.partial(embedding_model, vocab, length, seed=seed),
+        make_optimizer or (lambda: keras.optimizers.Adam(1e-2)),
+        batches, accum_steps, name="embedding",
+    )
+
+
+def dense_large_batch_reference(p: Problem) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """``(initial, final)`` weights of large-batch training with *dense* gradients.
+
+    The same steps as ``train_on_batch`` on each window's concatenated micro-batches (mean
+    loss over the large batch, one ``optimizer.apply`` per window), except that every
+    gradient is converted to a dense tensor first: the mathematical update of the large
+    batch, whatever the optimizer does with sparse (``tf.IndexedSlices``) gradients.
+    """
+    model = p.build_model()
+    initial = get_weights(model)
+    opt = p.make_optimizer()
+    model.compile(opt, p.loss)  # compute_loss: the loss train_on_batch minimises
+    for x, y, *rest in p.large_batches():
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(x=x, y=y, y_pred=model(x, training=True),
+                                      sample_weight=rest[0] if rest else None)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply([tf.convert_to_tensor(g) for g in grads], model.trainable_variables)
+    return initial, get_weights(model)
+
+
+def embedding_gap(p: Problem) -> dict[str, float]:
+    """Keras's sparse large-batch step and accumcore, each against the dense update.
+
+    Returns ``{"keras_vs_dense": rel, "accumcore_vs_dense": rel}``: ``train_on_batch`` on
+    the large batch (Keras applies the embedding's ``IndexedSlices`` gradient row by row,
+    so with repeated tokens Adam's and RMSprop's squared-gradient statistics see the sum of
+    the squares of the rows instead of the square of their sum), and accumcore's
+    accumulated window (dense accumulators), both measured against
+    :func:`dense_large_batch_reference`.
+    """
+    initial, dense = dense_large_batch_reference(p)
+    _, keras_final = p.reference()
+    accumulated = get_weights(accumcore_recipe(p))
+    return {"keras_vs_dense": relative_error(keras_final, dense, initial),
+            "accumcore_vs_dense": relative_error(accumulated, dense, initial)}

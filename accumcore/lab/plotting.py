@@ -152,7 +152,8 @@ def heatmap(
         fmt: format of the cell annotations.
         highlight: ``(row, col)`` cells to outline (e.g. the best learning rate per batch size);
             they get a legend entry named ``highlight_label``.
-        vmin, vmax: colour limits (default: data range).
+        vmin, vmax: colour limits (default: data range); values outside are drawn in the
+            end colours (so a scale that starts at the useful range separates the good cells).
 
     Returns:
         The axes.
@@ -173,7 +174,9 @@ def heatmap(
     ax.set_xticks(range(len(col_labels)), [str(c) for c in col_labels])
     ax.set_yticks(range(len(row_labels)), [str(r) for r in row_labels])
     finite = values[np.isfinite(values)]
-    middle = (float(np.min(finite)) + float(np.max(finite))) / 2 if finite.size else 0.0
+    low = vmin if vmin is not None else (float(np.min(finite)) if finite.size else 0.0)
+    high = vmax if vmax is not None else (float(np.max(finite)) if finite.size else 0.0)
+    middle = (low + high) / 2  # of the colour scale: values below vmin are drawn darkest
     for r in range(values.shape[0]):
         for c in range(values.shape[1]):
             v = values[r, c]
@@ -216,7 +219,9 @@ def bars(
             ``horizontal=True`` the values run along x, so ``xlabel`` names the values.
         logy: logarithmic *value* axis (for errors spanning many decades); x when horizontal.
         reference_line: draw a dashed line at this value (e.g. a tolerance).
-        reference_label: its legend entry.
+        reference_label: its legend entry. The legend sits outside the axes, to the right
+            (inside it could cover a bar); a single series without a reference line gets
+            none (the value axis's label names it).
         rotate: rotation of the group labels, degrees (vertical bars only).
         horizontal: horizontal bars, one row per group (for many or long group names).
 
@@ -261,5 +266,7 @@ def bars(
             ax.set_yscale("log")
         ax.grid(True, axis="y", alpha=0.3)
     _label(ax, title, xlabel, ylabel)
-    ax.legend()
+    if len(names) > 1 or reference_line is not None:
+        # Outside the axes, to the right: a legend inside can cover a bar.
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return ax
