@@ -469,7 +469,7 @@ def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
     variance K times per optimizer update, each from one micro-batch, so they differ from what
     large-batch training gives (the tests measure a gap of the order of the update itself).
     Converting automatically would change the user's model (its class, its saved file) behind
-    their back, so accumcore warns and names the fix, :func:`convert_batchnorm`.
+    their back, so accumcore warns and names the fix, :func:`~accumcore.convert_batchnorm`.
 
     Returns:
         Whether it warned (False for K = 1, no stock layer, or a model already warned about).

@@ -14,8 +14,8 @@ Adam's bias correction, clipping, weight decay and EMA all advance once per wind
 
 Like optax's ``MultiSteps``, all mutable accumulation state lives here and the whole window
 life cycle is written once, in :class:`AccumulationState`: accumulate, advance, close (the
-library's only ``optimizer.apply`` call, in :meth:`AccumulationState._update`), drop and reset.
-The skip decision for a bad micro-batch is injected (:class:`NonFinitePolicy`). Under a
+library's only ``optimizer.apply`` call, in ``AccumulationState._update``), drop and reset.
+The skip decision for a bad micro-batch is injected (:class:`~accumcore.NonFinitePolicy`). Under a
 ``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies only where each step of the
 rule runs and how the window's status is reduced across replicas; loss scaling is the
 ``LossScaleOptimizer``'s own (:mod:`accumcore.loss_scaling`).
@@ -92,7 +92,7 @@ class NonFinitePolicy:
             micro-batch (its samples counted in ``samples_dropped``).
         skip_window: a skipped micro-batch also discards its whole window when it closes.
         should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
-            its summed loss) and weight; by default :func:`has_nonfinite`.
+            its summed loss) and weight; by default :func:`~accumcore.state.has_nonfinite`.
     """
 
     name: str
@@ -113,7 +113,7 @@ _LOSS_SCALED = NonFinitePolicy("loss_scaling", should_skip=lambda grads, weight:
 
 
 def nonfinite_policy(nonfinite: str | NonFinitePolicy) -> NonFinitePolicy:
-    """The policy for a ``nonfinite=`` argument: one of :data:`NONFINITE`'s names or a policy."""
+    """The policy for a ``nonfinite=`` argument: one of ``NONFINITE``'s names or a policy."""
     if isinstance(nonfinite, NonFinitePolicy):
         return nonfinite
     return NONFINITE[check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)]
@@ -154,7 +154,7 @@ _SCALARS = (
 
 
 def saved_micro_step(values: Sequence) -> int:
-    """The pending window's micro-batch count in values saved from :meth:`variables_for_saving`.
+    """The pending window's micro-batch count in saved values (``variables_for_saving``).
 
     Readable without building a state (e.g. to refuse loading a partial window into a model
     that has nothing to apply it to): the saved scalars come last, in ``_SCALARS`` order.
@@ -174,7 +174,7 @@ class AccumulationState(tf.Module):
             :class:`~accumcore.NonFiniteGradientError` from the Python side),
             ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),
             ``"skip_window"`` (drop the whole window, apply nothing), or a
-            :class:`NonFinitePolicy`.
+            :class:`~accumcore.NonFinitePolicy`.
 
     Variables (created by :meth:`build`, lazily, from the model's trainable variables):
 
@@ -210,9 +210,9 @@ class AccumulationState(tf.Module):
         self._has_gradient: list[bool] = []
         self._variables = _Untracked(())
         self._built = False
-        #: True (default): the window's gradient sum is divided by its weight ``sum_i c_i``
-        #: (mean losses). False: applied as it is, for losses that are already sums
-        #: (``reduction="sum"``); set by AccumTrainer / AccumModel from the loss.
+        #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
+        #: default, for mean losses); ``False`` applies it as it is, for losses that are
+        #: already sums (``reduction="sum"``). Set by AccumTrainer / AccumModel from the loss.
         self.normalize = True
         # Where the rule's steps run and how the window is reduced (distribute.Replicas).
         self._replicas = distribute.replicas(None)
@@ -224,7 +224,8 @@ class AccumulationState(tf.Module):
 
     @property
     def nonfinite(self) -> str:
-        """The name of the non-finite policy; assign a name or a :class:`NonFinitePolicy`."""
+        """The name of the non-finite policy (assign a name or a
+        :class:`~accumcore.NonFinitePolicy`)."""
         return self.nonfinite_policy.name
 
     @nonfinite.setter
@@ -404,8 +405,10 @@ class AccumulationState(tf.Module):
 
     @property
     def window_variables(self) -> list[tf.Variable]:
-        """The current window's variables, emptied whenever it ends: the accumulators,
-        ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
+        """The current window's variables (emptied whenever it ends).
+
+        The accumulators, ``window_weight``, ``micro_step``, ``window_samples`` and
+        ``window_poisoned``."""
         self._check_built()
         return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.window)]
 

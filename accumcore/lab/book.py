@@ -46,7 +46,8 @@ def glue(name: str, value: Any, fmt: str | None = None) -> Any:
     """Record ``value`` under ``name`` for the prose and print it.
 
     Args:
-        name: the key the markdown quotes as ``{glue:text}`name:fmt` `` (myst-nb).
+        name: the key the markdown quotes with myst-nb's ``glue:text`` role (the role's
+            target is ``name:fmt``, e.g. ``name:.3g``).
         value: a Python number or string (numpy scalars are converted).
         fmt: optional format spec used only for the printed line (e.g. ``".3g"``).
 
