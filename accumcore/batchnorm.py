@@ -176,11 +176,22 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
             self._attached_states = max(0, self._attached_states - 1)
 
     # ------------------------------------------------------------------ moments
-    def _normalisation_moments(self, inputs, mask):
-        """The moments stock BN normalises with (global ones if ``synchronized``)."""
-        if mask is None:
-            return keras.ops.moments(inputs, axes=self._window_axes, synchronized=self.synchronized)
-        return self._masked_moments(inputs, mask, keras.config.epsilon())
+    def _moments(self, inputs, mask):
+        """The moments stock BN normalises with (global ones if ``synchronized``), and this
+        replica's ``(count, mean, variance)`` for the window pool (count: scalar, values per
+        channel; the others of shape ``(channels,)``)."""
+        if mask is not None:
+            mean, variance = self._masked_moments(inputs, mask, keras.config.epsilon())
+            count = tf.reduce_sum(tf.cast(mask, tf.float32))
+            return mean, variance, (count, *self._masked_moments(inputs, mask, 0.0))
+        mean, variance = keras.ops.moments(
+            inputs, axes=self._window_axes, synchronized=self.synchronized
+        )
+        shape = tf.shape(inputs)
+        count = tf.cast(tf.reduce_prod(tf.gather(shape, self._window_axes)), tf.float32)
+        if self.synchronized:  # `mean`, `variance` are global; the pool needs local ones
+            return mean, variance, (count, *tf.nn.moments(inputs, self._window_axes))
+        return mean, variance, (count, mean, variance)
 
     def _masked_moments(self, inputs, mask, eps: float):
         """Mean and biased variance over unmasked positions (Keras's formula; ``eps`` guards
@@ -188,26 +199,11 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         m = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
         weight = tf.reduce_sum(m, self._window_axes)
         mean = tf.reduce_sum(inputs * m, self._window_axes) / (weight + eps)
-        diff = (inputs - tf.reshape(mean, self._broadcast_shape(inputs))) * m
+        rank = len(inputs.shape)
+        mean_shape = [-1 if i == self.axis % rank else 1 for i in range(rank)]
+        diff = (inputs - tf.reshape(mean, mean_shape)) * m
         var = tf.reduce_sum(tf.square(diff), self._window_axes) / (weight + eps)
         return mean, var
-
-    def _broadcast_shape(self, inputs) -> list[int]:
-        rank = len(inputs.shape)
-        return [-1 if i == self.axis % rank else 1 for i in range(rank)]
-
-    def _local_moments(self, inputs, mask, mean, variance):
-        """This replica's micro-batch count (scalar) and exact moments for the window pool."""
-        if mask is not None:
-            count = tf.reduce_sum(tf.cast(mask, tf.float32))
-            local_mean, local_var = self._masked_moments(inputs, mask, 0.0)
-            return count, local_mean, local_var
-        shape = tf.shape(inputs)
-        count = tf.cast(tf.reduce_prod(tf.gather(shape, self._window_axes)), tf.float32)
-        if self.synchronized:  # `mean`, `variance` are global; the pool needs local ones
-            local_mean, local_var = tf.nn.moments(inputs, self._window_axes)
-            return count, local_mean, local_var
-        return count, mean, variance
 
     def _accumulate(self, count, mean, variance) -> None:
         """Pool one micro-batch's moments into the window (skipped if they are not finite)."""
@@ -238,9 +234,8 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         # As stock BN: statistics in (at least) float32, output in the compute dtype.
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
         inputs = keras.ops.cast(inputs, compute_dtype)
-        mean, variance = self._normalisation_moments(inputs, mask)
-        count, local_mean, local_var = self._local_moments(inputs, mask, mean, variance)
-        self._accumulate(count, local_mean, local_var)
+        mean, variance, local = self._moments(inputs, mask)
+        self._accumulate(*local)
         gamma = keras.ops.cast(self.gamma, inputs.dtype) if self.scale else None
         beta = keras.ops.cast(self.beta, inputs.dtype) if self.center else None
         outputs = keras.ops.batch_normalization(

@@ -187,9 +187,10 @@ def plan_accumulation(
         A :class:`MicroBatchPlan`.
     """
     big = check_accum_steps(target_batch_size, "target_batch_size")
+    step = check_accum_steps(multiple_of, "multiple_of")
+    first = -(-check_accum_steps(start, "start") // step) * step  # as largest_fitting rounds it
     probes: list[tuple[int, bool]] = []
-    limit = max(big, -(-start // multiple_of) * multiple_of)
-    best = largest_fitting(fits, start=start, limit=limit, multiple_of=multiple_of,
+    best = largest_fitting(fits, start=first, limit=max(big, first), multiple_of=step,
                            probes=probes)
     k, b = accum_steps_for(big, min(best, big), exact=exact)
     return MicroBatchPlan(big, best, k, b, k * b, probes)

@@ -5,7 +5,8 @@ reference update, and the relative error used everywhere in this project::
 
     rel = max |w - w_ref| / max |w_ref - w_init|
 
-i.e. the largest weight difference measured in units of the largest reference update.
+i.e. the largest weight difference measured in units of the largest reference update, with
+its counterpart for BatchNormalization moving statistics (:func:`statistics_gap`).
 """
 
 from __future__ import annotations
