@@ -176,7 +176,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
             self._attached_states = max(0, self._attached_states - 1)
 
     # ------------------------------------------------------------------ moments
-    def _moments(self, inputs, mask):
+    def _micro_batch_moments(self, inputs, mask):
         """The moments stock BN normalises with (global ones if ``synchronized``), and this
         replica's ``(count, mean, variance)`` for the window pool (count: scalar, values per
         channel; the others of shape ``(channels,)``)."""
@@ -234,7 +234,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         # As stock BN: statistics in (at least) float32, output in the compute dtype.
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
         inputs = keras.ops.cast(inputs, compute_dtype)
-        mean, variance, local = self._moments(inputs, mask)
+        mean, variance, local = self._micro_batch_moments(inputs, mask)
         self._accumulate(*local)
         gamma = keras.ops.cast(self.gamma, inputs.dtype) if self.scale else None
         beta = keras.ops.cast(self.beta, inputs.dtype) if self.center else None
