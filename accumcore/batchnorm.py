@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from accumcore import compat
@@ -52,10 +51,8 @@ from accumcore import compat
 __all__ = [
     "WindowBatchNormalization",
     "attach_window_layers",
+    "batchnorm_layers",
     "convert_batchnorm",
-    "moving_statistics",
-    "statistics_gap",
-    "stock_batchnorm_layers",
     "warn_stock_batchnorm",
     "window_layers",
 ]
@@ -138,16 +135,15 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
             else {}
         )
         self._window_strategy = tf.distribute.get_strategy() if distributed else None
-        with tf.init_scope():
-            self._window_count = tf.Variable(
-                0.0, trainable=False, name=f"{self.name}_window_count", **kwargs
+        with tf.init_scope():  # named like their saved keys: window_count, window_mean, ...
+            self._window_count, self._window_mean, self._window_m2 = (
+                tf.Variable(tf.zeros(shape), trainable=False, name=f"{self.name}_{key}", **kwargs)
+                for key, shape in zip(_STORE_KEYS, ((), (channels,), (channels,)), strict=True)
             )
-            self._window_mean = tf.Variable(
-                tf.zeros((channels,)), trainable=False, name=f"{self.name}_window_mean", **kwargs
-            )
-            self._window_m2 = tf.Variable(
-                tf.zeros((channels,)), trainable=False, name=f"{self.name}_window_m2", **kwargs
-            )
+
+    def _window_variables(self) -> tuple[tf.Variable, tf.Variable, tf.Variable]:
+        """This replica's ``(count, mean, M2)`` variables, in the order of ``_STORE_KEYS``."""
+        return self._window_count, self._window_mean, self._window_m2
 
     # ------------------------------------------------------------------ attaching
     @property
@@ -180,11 +176,22 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
             self._attached_states = max(0, self._attached_states - 1)
 
     # ------------------------------------------------------------------ moments
-    def _normalisation_moments(self, inputs, mask):
-        """The moments stock BN normalises with (global ones if ``synchronized``)."""
-        if mask is None:
-            return keras.ops.moments(inputs, axes=self._window_axes, synchronized=self.synchronized)
-        return self._masked_moments(inputs, mask, keras.config.epsilon())
+    def _micro_batch_moments(self, inputs, mask):
+        """The moments stock BN normalises with (global ones if ``synchronized``), and this
+        replica's ``(count, mean, variance)`` for the window pool (count: scalar, values per
+        channel; the others of shape ``(channels,)``)."""
+        if mask is not None:
+            mean, variance = self._masked_moments(inputs, mask, keras.config.epsilon())
+            count = tf.reduce_sum(tf.cast(mask, tf.float32))
+            return mean, variance, (count, *self._masked_moments(inputs, mask, 0.0))
+        mean, variance = keras.ops.moments(
+            inputs, axes=self._window_axes, synchronized=self.synchronized
+        )
+        shape = tf.shape(inputs)
+        count = tf.cast(tf.reduce_prod(tf.gather(shape, self._window_axes)), tf.float32)
+        if self.synchronized:  # `mean`, `variance` are global; the pool needs local ones
+            return mean, variance, (count, *tf.nn.moments(inputs, self._window_axes))
+        return mean, variance, (count, mean, variance)
 
     def _masked_moments(self, inputs, mask, eps: float):
         """Mean and biased variance over unmasked positions (Keras's formula; ``eps`` guards
@@ -192,41 +199,23 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         m = tf.cast(tf.broadcast_to(tf.expand_dims(mask, -1), tf.shape(inputs)), inputs.dtype)
         weight = tf.reduce_sum(m, self._window_axes)
         mean = tf.reduce_sum(inputs * m, self._window_axes) / (weight + eps)
-        diff = (inputs - tf.reshape(mean, self._broadcast_shape(inputs))) * m
+        rank = len(inputs.shape)
+        mean_shape = [-1 if i == self.axis % rank else 1 for i in range(rank)]
+        diff = (inputs - tf.reshape(mean, mean_shape)) * m
         var = tf.reduce_sum(tf.square(diff), self._window_axes) / (weight + eps)
         return mean, var
-
-    def _broadcast_shape(self, inputs) -> list[int]:
-        rank = len(inputs.shape)
-        return [-1 if i == self.axis % rank else 1 for i in range(rank)]
-
-    def _local_moments(self, inputs, mask, mean, variance):
-        """This replica's micro-batch count (scalar) and exact moments for the window pool."""
-        if mask is not None:
-            count = tf.reduce_sum(tf.cast(mask, tf.float32))
-            local_mean, local_var = self._masked_moments(inputs, mask, 0.0)
-            return count, local_mean, local_var
-        shape = tf.shape(inputs)
-        count = tf.cast(tf.reduce_prod(tf.gather(shape, self._window_axes)), tf.float32)
-        if self.synchronized:  # `mean`, `variance` are global; the pool needs local ones
-            local_mean, local_var = tf.nn.moments(inputs, self._window_axes)
-            return count, local_mean, local_var
-        return count, mean, variance
 
     def _accumulate(self, count, mean, variance) -> None:
         """Pool one micro-batch's moments into the window (skipped if they are not finite)."""
         mean = tf.stop_gradient(tf.cast(mean, tf.float32))
         variance = tf.stop_gradient(tf.cast(variance, tf.float32))
-        n_a = self._window_count.read_value()
-        mean_a = self._window_mean.read_value()
-        m2_a = self._window_m2.read_value()
-        n, new_mean, new_m2 = _chan_combine(n_a, mean_a, m2_a, count, mean, variance * count)
+        old = [v.read_value() for v in self._window_variables()]
+        new = _chan_combine(*old, count, mean, variance * count)
         finite = tf.logical_and(
             tf.reduce_all(tf.math.is_finite(mean)), tf.reduce_all(tf.math.is_finite(variance))
         )
-        self._window_count.assign(tf.where(finite, n, n_a))
-        self._window_mean.assign(tf.where(finite, new_mean, mean_a))
-        self._window_m2.assign(tf.where(finite, new_m2, m2_a))
+        for variable, new_value, old_value in zip(self._window_variables(), new, old, strict=True):
+            variable.assign(tf.where(finite, new_value, old_value))
 
     # ------------------------------------------------------------------ call
     def call(self, inputs, training=None, mask=None):
@@ -245,9 +234,8 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         # As stock BN: statistics in (at least) float32, output in the compute dtype.
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
         inputs = keras.ops.cast(inputs, compute_dtype)
-        mean, variance = self._normalisation_moments(inputs, mask)
-        count, local_mean, local_var = self._local_moments(inputs, mask, mean, variance)
-        self._accumulate(count, local_mean, local_var)
+        mean, variance, local = self._micro_batch_moments(inputs, mask)
+        self._accumulate(*local)
         gamma = keras.ops.cast(self.gamma, inputs.dtype) if self.scale else None
         beta = keras.ops.cast(self.beta, inputs.dtype) if self.center else None
         outputs = keras.ops.batch_normalization(
@@ -259,10 +247,10 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
     # ------------------------------------------------------------------ window close
     def _components(self) -> list[tuple[tf.Variable, tf.Variable, tf.Variable]]:
         """Per-replica (count, mean, M2) variables (one triple without a strategy)."""
-        variables = (self._window_count, self._window_mean, self._window_m2)
         if self._window_strategy is None:
-            return [variables]
-        parts = [self._window_strategy.experimental_local_results(v) for v in variables]
+            return [self._window_variables()]
+        parts = [self._window_strategy.experimental_local_results(v)
+                 for v in self._window_variables()]
         return list(zip(*parts, strict=True))
 
     def _in_replica_context(self) -> bool:
@@ -282,30 +270,38 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         ``strategy.run`` + ``strategy.reduce``, so they span every worker's replicas.
         Shapes: ``()``, ``(C,)``, ``(C,)``.
         """
-        self._check_built()
+        if not self.built:
+            raise ValueError(
+                f"Layer {self.name!r} is not built yet: call the model on data (or build it "
+                "with an input shape) before reading its window moments."
+            )
         sum_op = tf.distribute.ReduceOp.SUM
 
         def local() -> tuple[tf.Tensor, tf.Tensor]:
             n = self._window_count.read_value()
             return n, n * self._window_mean.read_value()
 
-        def spread(pooled: tf.Tensor) -> tf.Tensor:
+        def spread(pooled: tf.Tensor) -> tuple[tf.Tensor]:
             n = self._window_count.read_value()
             deviation = self._window_mean.read_value() - pooled
-            return self._window_m2.read_value() + n * tf.square(deviation)
+            return (self._window_m2.read_value() + n * tf.square(deviation),)
 
         if self._in_replica_context():
             ctx = tf.distribute.get_replica_context()
             if ctx.num_replicas_in_sync == 1:
-                n = self._window_count.read_value()
-                return n, self._window_mean.read_value(), self._window_m2.read_value()
-            total, weighted = ctx.all_reduce(sum_op, list(local()))
-            pooled = tf.math.divide_no_nan(weighted, total)
-            return total, pooled, ctx.all_reduce(sum_op, spread(pooled))
-        strategy = self._window_strategy
-        total, weighted = (strategy.reduce(sum_op, v, axis=None) for v in strategy.run(local))
+                return tuple(v.read_value() for v in self._window_variables())
+
+            def summed(fn, *args) -> list[tf.Tensor]:
+                return ctx.all_reduce(sum_op, list(fn(*args)))
+        else:
+            strategy = self._window_strategy
+
+            def summed(fn, *args) -> list[tf.Tensor]:
+                return [strategy.reduce(sum_op, v, axis=None) for v in strategy.run(fn, args)]
+
+        total, weighted = summed(local)
         pooled = tf.math.divide_no_nan(weighted, total)
-        m2 = strategy.reduce(sum_op, strategy.run(spread, args=(pooled,)), axis=None)
+        (m2,) = summed(spread, pooled)
         return total, pooled, m2
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph needed
@@ -325,21 +321,12 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
             return
         if applied:
             n, mean, m2 = self.window_moments()
-            has_data = n > 0
-            variance = tf.math.divide_no_nan(m2, n)
-            moving_mean = tf.cast(self.moving_mean, tf.float32)
-            moving_variance = tf.cast(self.moving_variance, tf.float32)
-            # The same expressions as keras.layers.BatchNormalization.call.
-            new_mean = moving_mean * self.momentum + mean * (1.0 - self.momentum)
-            new_variance = moving_variance * self.momentum + variance * (1.0 - self.momentum)
-            self.moving_mean.assign(
-                tf.cast(tf.where(has_data, new_mean, moving_mean), self.moving_mean.dtype)
-            )
-            self.moving_variance.assign(
-                tf.cast(
-                    tf.where(has_data, new_variance, moving_variance), self.moving_variance.dtype
-                )
-            )
+            variance = tf.math.divide_no_nan(m2, n)  # biased, as Keras's
+            for moving, value in ((self.moving_mean, mean), (self.moving_variance, variance)):
+                old = tf.cast(moving, tf.float32)
+                # The same expression as keras.layers.BatchNormalization.call.
+                new = old * self.momentum + value * (1.0 - self.momentum)
+                moving.assign(tf.cast(tf.where(n > 0, new, old), moving.dtype))
         self.reset_window()
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops: no AutoGraph needed
@@ -347,20 +334,11 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         """Empty the pending window's moments (on every replica)."""
         if not self.built:
             return
-        targets = self._components()
-        if self._in_replica_context():  # each replica empties its own part
-            targets = [(self._window_count, self._window_mean, self._window_m2)]
-        for count_v, mean_v, m2_v in targets:
-            count_v.assign(tf.zeros_like(count_v))
-            mean_v.assign(tf.zeros_like(mean_v))
-            m2_v.assign(tf.zeros_like(m2_v))
-
-    def _check_built(self) -> None:
-        if not self.built:
-            raise ValueError(
-                f"Layer {self.name!r} is not built yet: call the model on data (or build it "
-                "with an input shape) before reading its window moments."
-            )
+        # In a replica context each replica empties its own part; otherwise every replica's.
+        in_replica = self._in_replica_context()
+        for variables in [self._window_variables()] if in_replica else self._components():
+            for variable in variables:
+                variable.assign(tf.zeros_like(variable))
 
     # ------------------------------------------------------------------ saving
     def save_own_variables(self, store) -> None:
@@ -379,10 +357,8 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         if not all(k in keys for k in _STORE_KEYS):
             return  # saved from stock BatchNormalization, or before any window state
         self.reset_window()
-        count_v, mean_v, m2_v = self._components()[0]
-        count_v.assign(store["window_count"])
-        mean_v.assign(store["window_mean"])
-        m2_v.assign(store["window_m2"])
+        for variable, key in zip(self._components()[0], _STORE_KEYS, strict=True):
+            variable.assign(store[key])
 
 
 # ---------------------------------------------------------------------- model helpers
@@ -398,68 +374,27 @@ def _walk(layer: Any, seen: set[int]) -> Iterator[Any]:
         yield from _walk(inner, seen)
 
 
-def window_layers(model: keras.layers.Layer) -> list[WindowBatchNormalization]:
-    """Every :class:`WindowBatchNormalization` in ``model``, nested models included.
+def batchnorm_layers(model: keras.layers.Layer) -> list[keras.layers.BatchNormalization]:
+    """Every BatchNormalization layer of ``model`` (stock or window-level), in order.
 
-    Walks the public ``layers`` attribute recursively (and ``layer`` of wrappers), in order.
-    """
-    return [layer for layer in _walk(model, set()) if isinstance(layer, WindowBatchNormalization)]
-
-
-def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
-    """Moving statistics of every BatchNormalization layer (stock or window-level), in order.
-
-    Returns:
-        ``[mean_0, variance_0, mean_1, variance_1, ...]`` as float64 arrays of shape
-        ``(channels,)``, in the order of :func:`window_layers`'s walk (layer names are not used,
-        so two separately built models of the same architecture compare position by position).
-    """
-    stats = []
-    for layer in _walk(model, set()):
-        if isinstance(layer, keras.layers.BatchNormalization) and layer.built:
-            stats.append(np.asarray(layer.moving_mean.numpy(), np.float64))
-            stats.append(np.asarray(layer.moving_variance.numpy(), np.float64))
-    return stats
-
-
-def statistics_gap(
-    stats: list[np.ndarray], reference: list[np.ndarray], initial: list[np.ndarray]
-) -> float:
-    """``max|s - s_ref| / max|s_ref - s_init|`` over moving statistics (dimensionless).
-
-    The statistics counterpart of :func:`accumcore.lab.experiments.relative_error`: 0 means the
-    moving statistics equal the reference's; 1 means an error as large as the reference's whole
-    change since ``initial``. Arguments are lists from :func:`moving_statistics`.
-    """
-    if not (len(stats) == len(reference) == len(initial)) or not stats:
-        raise ValueError(
-            f"Got {len(stats)}, {len(reference)} and {len(initial)} statistics arrays: pass "
-            "`moving_statistics(...)` of models with the same BatchNormalization layers."
-        )
-    num = max(float(np.max(np.abs(s - r))) for s, r in zip(stats, reference, strict=True))
-    den = max(float(np.max(np.abs(r - i))) for r, i in zip(reference, initial, strict=True))
-    if den == 0.0:
-        raise ValueError("The reference statistics did not move from `initial`: no update.")
-    return num / den
-
-
-# Models already warned about their stock BatchNormalization layers (one warning per model).
-_WARNED_STOCK_BN: weakref.WeakSet = weakref.WeakSet()
-
-
-def stock_batchnorm_layers(model: keras.layers.Layer) -> list[keras.layers.BatchNormalization]:
-    """Trainable ``keras.layers.BatchNormalization`` layers of ``model`` that are not
-    window-level (nested models and wrappers included, in :func:`window_layers`'s order).
-
-    Frozen ones (``trainable=False``) are left out: they run in inference mode and never update
-    their moving statistics, so accumulation does not affect them.
+    Walks the public ``layers`` attribute recursively (nested models included, and ``layer`` of
+    wrappers such as ``TimeDistributed``), depth first, each layer once.
     """
     return [
         layer for layer in _walk(model, set())
         if isinstance(layer, keras.layers.BatchNormalization)
-        and not isinstance(layer, WindowBatchNormalization)
-        and layer.trainable
     ]
+
+
+def window_layers(model: keras.layers.Layer) -> list[WindowBatchNormalization]:
+    """Every :class:`WindowBatchNormalization` in ``model``, in :func:`batchnorm_layers`'s order."""
+    return [
+        layer for layer in batchnorm_layers(model) if isinstance(layer, WindowBatchNormalization)
+    ]
+
+
+# Models already warned about their stock BatchNormalization layers (one warning per model).
+_WARNED_STOCK_BN: weakref.WeakSet = weakref.WeakSet()
 
 
 def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
@@ -470,6 +405,8 @@ def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
     large-batch training gives (the tests measure a gap of the order of the update itself).
     Converting automatically would change the user's model (its class, its saved file) behind
     their back, so accumcore warns and names the fix, :func:`~accumcore.convert_batchnorm`.
+    Frozen layers (``trainable=False``) are not counted: they run in inference mode and never
+    update their moving statistics, so accumulation does not affect them.
 
     Returns:
         Whether it warned (False for K = 1, no stock layer, or a model already warned about).
@@ -481,7 +418,10 @@ def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
             return False
     except TypeError:  # not weak-referenceable / hashable: warn every time rather than never
         pass
-    layers = stock_batchnorm_layers(model)
+    layers = [
+        layer for layer in batchnorm_layers(model)
+        if not isinstance(layer, WindowBatchNormalization) and layer.trainable
+    ]
     if not layers:
         return False
     names = ", ".join(repr(layer.name) for layer in layers)

@@ -187,19 +187,13 @@ def plan_accumulation(
         A :class:`MicroBatchPlan`.
     """
     big = check_accum_steps(target_batch_size, "target_batch_size")
+    step = check_accum_steps(multiple_of, "multiple_of")
+    first = -(-check_accum_steps(start, "start") // step) * step  # as largest_fitting rounds it
     probes: list[tuple[int, bool]] = []
-    limit = max(big, -(-start // multiple_of) * multiple_of)
-    best = largest_fitting(fits, start=start, limit=limit, multiple_of=multiple_of,
+    best = largest_fitting(fits, start=first, limit=max(big, first), multiple_of=step,
                            probes=probes)
     k, b = accum_steps_for(big, min(best, big), exact=exact)
     return MicroBatchPlan(big, best, k, b, k * b, probes)
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    """True for TensorFlow's out-of-memory errors (``ResourceExhaustedError``, also from XLA)."""
-    import tensorflow as tf
-
-    return isinstance(err, tf.errors.ResourceExhaustedError)
 
 
 def oom_probe(
@@ -207,28 +201,28 @@ def oom_probe(
 ) -> Callable[[int], bool]:
     """Turn ``step_at(b)`` (one training step at micro-batch b) into a ``fits(b)`` predicate.
 
-    ``fits(b)`` runs ``step_at(b)`` and returns True, or False when it raises
-    ``tf.errors.ResourceExhaustedError``; any other error propagates. After each probe it runs
-    ``gc.collect()`` and ``cleanup`` (if given) so the next probe starts from freed memory.
+    ``fits(b)`` runs ``step_at(b)`` and returns True, or False when it raises TensorFlow's
+    out-of-memory error ``tf.errors.ResourceExhaustedError`` (also raised by XLA); any other
+    error propagates. After each probe it runs ``gc.collect()`` and ``cleanup`` (if given) so
+    the next probe starts from freed memory.
 
     Args:
         step_at: runs one complete step at micro-batch size b (samples), including whatever
             synchronisation makes the allocation happen (e.g. ``float(loss)``).
         cleanup: optional extra clean-up after each probe.
     """
+    import tensorflow as tf
 
     def fits(b: int) -> bool:
         try:
             step_at(b)
-            return True
-        except Exception as err:  # noqa: BLE001 - only OOM is swallowed
-            if is_out_of_memory(err):
-                return False
-            raise
+        except tf.errors.ResourceExhaustedError:  # only OOM is swallowed
+            return False
         finally:
             gc.collect()
             if cleanup is not None:
                 cleanup()
+        return True
 
     return fits
 

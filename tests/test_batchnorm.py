@@ -19,8 +19,13 @@ import tensorflow as tf
 from conftest import REL_TOL, windows_of
 
 import accumcore as ac
-from accumcore.batchnorm import moving_statistics, statistics_gap, window_layers
-from accumcore.lab.experiments import get_weights, relative_error
+from accumcore.batchnorm import window_layers
+from accumcore.lab.experiments import (
+    get_weights,
+    moving_statistics,
+    relative_error,
+    statistics_gap,
+)
 
 # Tolerance for "moving statistics equal large-batch BN's", in units of the reference's change
 # of the statistics (see `statistics_gap`). Justification: the window pools per-micro-batch

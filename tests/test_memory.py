@@ -114,6 +114,8 @@ def test_bad_arguments_name_the_parameter():
         largest_fitting(threshold(10), multiple_of=0)
     with pytest.raises(TypeError, match="target_batch_size"):
         plan_accumulation(threshold(10), target_batch_size=2.5)
+    with pytest.raises(ValueError, match="multiple_of"):  # not a ZeroDivisionError
+        plan_accumulation(threshold(10), target_batch_size=100, multiple_of=0)
 
 
 def test_oom_probe_maps_resource_exhausted_to_false_and_reraises_others():

@@ -5,7 +5,8 @@ reference update, and the relative error used everywhere in this project::
 
     rel = max |w - w_ref| / max |w_ref - w_init|
 
-i.e. the largest weight difference measured in units of the largest reference update.
+i.e. the largest weight difference measured in units of the largest reference update, with
+its counterpart for BatchNormalization moving statistics (:func:`statistics_gap`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,46 @@ def relative_error(
               zip(reference, initial))
     if den == 0.0:
         raise ValueError("The reference did not move from the initial weights: no update.")
+    return num / den
+
+
+def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
+    """Moving statistics of every BatchNormalization layer (stock or window-level), in order.
+
+    Returns:
+        ``[mean_0, variance_0, mean_1, variance_1, ...]`` as float64 arrays of shape
+        ``(channels,)``, in :func:`accumcore.batchnorm.batchnorm_layers`'s order (layer names
+        are not used, so two separately built models of the same architecture compare position
+        by position); layers not built yet are left out.
+    """
+    from accumcore.batchnorm import batchnorm_layers
+
+    stats = []
+    for layer in batchnorm_layers(model):
+        if layer.built:
+            stats.append(np.asarray(layer.moving_mean.numpy(), np.float64))
+            stats.append(np.asarray(layer.moving_variance.numpy(), np.float64))
+    return stats
+
+
+def statistics_gap(
+    stats: list[np.ndarray], reference: list[np.ndarray], initial: list[np.ndarray]
+) -> float:
+    """``max|s - s_ref| / max|s_ref - s_init|`` over moving statistics (dimensionless).
+
+    The statistics counterpart of :func:`relative_error`: 0 means the moving statistics equal
+    the reference's; 1 means an error as large as the reference's whole change since
+    ``initial``. Arguments are lists from :func:`moving_statistics`.
+    """
+    if not (len(stats) == len(reference) == len(initial)) or not stats:
+        raise ValueError(
+            f"Got {len(stats)}, {len(reference)} and {len(initial)} statistics arrays: pass "
+            "`moving_statistics(...)` of models with the same BatchNormalization layers."
+        )
+    num = max(float(np.max(np.abs(s - r))) for s, r in zip(stats, reference, strict=True))
+    den = max(float(np.max(np.abs(r - i))) for r, i in zip(reference, initial, strict=True))
+    if den == 0.0:
+        raise ValueError("The reference statistics did not move from `initial`: no update.")
     return num / den
 
 
