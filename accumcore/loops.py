@@ -128,7 +128,7 @@ class LoopHistory:
 
 class HistoryBook:
     """Writes a :class:`LoopHistory` from micro-batch results: the one book-keeping of
-    :meth:`AccumTrainer.fit` and :meth:`~accumcore.checkpointing.ResumableLoop.fit`.
+    :meth:`~accumcore.AccumTrainer.fit` and :meth:`~accumcore.checkpointing.ResumableLoop.fit`.
 
     Keeps float64 running sums (Python floats) for the open window and the epoch:
     ``window_loss`` / ``epoch_loss`` (``sum c_i * L_i``, loss units times weight) and
@@ -166,7 +166,8 @@ class HistoryBook:
 
         Args:
             policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what :meth:`AccumulationState.end_epoch` did (``None``: nothing pending).
+            outcome: what :meth:`~accumcore.AccumulationState.end_epoch` did (``None``:
+                nothing pending).
             updates: optimizer updates applied in this epoch.
         """
         if outcome in ("applied", "skipped"):  # the partial window was closed
@@ -468,7 +469,7 @@ class AccumTrainer:
 
     def end_epoch(self) -> str | None:
         """Apply the end-of-epoch policy to a partial window; returns what was done
-        (:meth:`AccumulationState.end_epoch`)."""
+        (:meth:`~accumcore.AccumulationState.end_epoch`)."""
         return self.state.end_epoch(
             self.end_of_epoch, self.optimizer, self.model.trainable_variables, self.epoch
         )
@@ -652,7 +653,6 @@ class AccumTrainer:
             bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
             before = int(self.state.windows_applied.numpy()) if self.state.built else 0
             records: list[tuple[float, float, bool]] = []
-            ran_out = False
             if steps_per_epoch is not None and iterator is None:
                 iterator, seen = iter(batches), 0
             if mode == "graph":
@@ -666,7 +666,6 @@ class AccumTrainer:
                     losses, weights, applied = self._epoch_fn(
                         iterator, tf.constant(steps_per_epoch, tf.int64)
                     )
-                    ran_out = int(tf.size(losses)) < steps_per_epoch
                 self.state.raise_if_nonfinite(self.epoch)
                 records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
                                    applied.numpy().tolist()))
@@ -681,7 +680,7 @@ class AccumTrainer:
                     )
                     records.append((float(loss), float(weight), bool(did)))
                     bar.update(step + 1, values=[("loss", float(loss))])
-                ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
+            ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
             if steps_per_epoch is not None:
                 seen += len(records)
                 if ran_out or (cardinality > 0 and seen >= cardinality):

@@ -553,7 +553,7 @@ class AccumModel(keras.Model):
 
     def end_window_of_epoch(self, epoch: int | None = None) -> str | None:
         """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was
-        done (:meth:`AccumulationState.end_epoch`)."""
+        done (:meth:`~accumcore.AccumulationState.end_epoch`)."""
         return self.accumulation.end_epoch(
             self.end_of_epoch, self.optimizer, self.trainable_variables, epoch
         )
