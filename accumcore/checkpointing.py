@@ -51,7 +51,7 @@ import keras
 import tensorflow as tf
 
 from accumcore.config import check_accum_steps, check_choice
-from accumcore.loops import AccumTrainer, LoopHistory
+from accumcore.loops import AccumTrainer, HistoryBook, LoopHistory
 from accumcore.state import AccumulationState
 
 #: Modes of :meth:`ResumableLoop.fit` (``"graph"`` runs a whole epoch in one call, so it cannot
@@ -150,8 +150,9 @@ class ResumableLoop:
         # and epoch losses reported after a resume are the same as without the interruption.
         self._sums = {
             name: tf.Variable(0.0, dtype=tf.float64, trainable=False, name=name)
-            for name in ("window_loss", "window_weight", "epoch_loss", "epoch_weight")
+            for name in HistoryBook.SUMS
         }
+        self._book = HistoryBook()  # the running sums of the current fit (saved in _sums)
         self.epoch_start_windows = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.checkpoint = training_checkpoint(
             trainer.model, trainer.optimizer, trainer.state, epoch=self.epoch,
@@ -175,14 +176,14 @@ class ResumableLoop:
             "the model from)."
         )
 
-    def _add(self, name: str, value: float) -> None:
-        self._sums[name].assign_add(value)
-
-    def _value(self, name: str) -> float:
-        return float(self._sums[name].numpy())
+    def _keep_sums(self) -> None:
+        """Copy the history's running sums into the checkpointed variables."""
+        for name, value in self._book.sums.items():
+            self._sums[name].assign(value)
 
     def save(self) -> str:
         """Save a checkpoint now; returns its path."""
+        self._keep_sums()
         return self.manager.save()
 
     # ------------------------------------------------------------------ fit
@@ -225,61 +226,44 @@ class ResumableLoop:
         else:
             self.epoch.assign(start)
             self.epoch_start_windows.assign(state.windows_applied)
-        history = LoopHistory()
-        for epoch in range(start, epochs):
-            trainer.epoch = epoch
-            steps = 0
-            for batch in iterator:
-                x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-                loss, weight, applied = trainer.train_micro_batch(
-                    x, y, sw, compiled=(mode == "function")
-                )
-                loss, weight, applied = float(loss), float(weight), bool(applied)
-                history.micro_losses.append(loss)
-                history.micro_weights.append(weight)
-                for prefix in ("window", "epoch"):
-                    self._add(f"{prefix}_loss", loss * weight)
-                    self._add(f"{prefix}_weight", weight)
-                if applied:
-                    history.window_losses.append(
-                        self._value("window_loss") / self._value("window_weight")
+        # The history's running sums continue from the checkpoint (or the last fit).
+        self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
+        try:
+            for epoch in range(start, epochs):
+                trainer.epoch = epoch
+                steps = 0
+                for batch in iterator:
+                    x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+                    loss, weight, applied = trainer.train_micro_batch(
+                        x, y, sw, compiled=(mode == "function")
                     )
-                    self._sums["window_loss"].assign(0.0)
-                    self._sums["window_weight"].assign(0.0)
-                if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
-                    self.manager.save()
-                if on_micro_batch_end is not None:
-                    on_micro_batch_end(epoch, steps)
-                steps += 1
-            if steps == 0 and not (self.resumed and epoch == start):
-                raise ValueError(
-                    f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty."
+                    book.micro_batch(float(loss), float(weight), bool(applied))
+                    if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
+                        self.save()
+                    if on_micro_batch_end is not None:
+                        on_micro_batch_end(epoch, steps)
+                    steps += 1
+                if steps == 0 and not (self.resumed and epoch == start):
+                    raise ValueError(
+                        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty."
+                    )
+                outcome = trainer.end_epoch()
+                book.end_epoch(
+                    trainer.end_of_epoch, outcome,
+                    int(state.windows_applied.numpy()) - int(self.epoch_start_windows.numpy()),
                 )
-            pending = int(state.micro_step.numpy())
-            trainer.end_epoch()
-            if pending and trainer.end_of_epoch == "apply":
-                history.window_losses.append(
-                    self._value("window_loss") / self._value("window_weight")
-                )
-            if trainer.end_of_epoch != "carry":
-                self._sums["window_loss"].assign(0.0)
-                self._sums["window_weight"].assign(0.0)
-            weight = self._value("epoch_weight")
-            history.epoch_losses.append(self._value("epoch_loss") / weight if weight else 0.0)
-            history.updates.append(
-                int(state.windows_applied.numpy()) - int(self.epoch_start_windows.numpy())
-            )
-            # Move the checkpointed progress to the start of the next epoch.
-            self.epoch.assign(epoch + 1)
-            self.epoch_start_windows.assign(state.windows_applied)
-            self._sums["epoch_loss"].assign(0.0)
-            self._sums["epoch_weight"].assign(0.0)
-            trainer.epoch = epoch + 1
-            if epoch + 1 < epochs:
-                iterator = iter(make(epoch + 1))
-                self.checkpoint.iterator = iterator
-            if self.save_at_epoch_end:
-                self.manager.save()
+                # Move the checkpointed progress to the start of the next epoch.
+                self.epoch.assign(epoch + 1)
+                self.epoch_start_windows.assign(state.windows_applied)
+                trainer.epoch = epoch + 1
+                if epoch + 1 < epochs:
+                    iterator = iter(make(epoch + 1))
+                    self.checkpoint.iterator = iterator
+                if self.save_at_epoch_end:
+                    self.save()
+        finally:
+            self._keep_sums()  # what the next fit on this loop continues from
+        history = book.history
         history.counters = state.counters()
         return history
 

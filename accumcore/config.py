@@ -105,6 +105,26 @@ def check_normalizer(normalizer: Any) -> str | Callable:
     return check_choice(normalizer, "normalizer", NORMALIZERS)
 
 
+def check_settings(**settings: Any) -> dict[str, Any]:
+    """The given accumulation settings, validated: the one check every entry point uses.
+
+    Keys: ``accum_steps`` (:func:`check_accum_steps`), ``end_of_epoch`` (one of
+    :data:`END_OF_EPOCH_POLICIES`) and ``normalizer`` (:func:`check_normalizer`). The
+    ``nonfinite`` policy is checked where it is held, by the
+    :class:`~accumcore.AccumulationState` (a name or a ``NonFinitePolicy``).
+
+    Example:
+        >>> check_settings(accum_steps=4, end_of_epoch="carry")
+        {'accum_steps': 4, 'end_of_epoch': 'carry'}
+    """
+    checks: dict[str, Callable[[Any], Any]] = {
+        "accum_steps": check_accum_steps,
+        "end_of_epoch": lambda value: check_choice(value, "end_of_epoch", END_OF_EPOCH_POLICIES),
+        "normalizer": check_normalizer,
+    }
+    return {name: checks[name](value) for name, value in settings.items()}
+
+
 def get_optimizer(optimizer: Any) -> Any:
     """An optimizer instance from an instance, a name (``"adam"``) or a config dict, as
     ``model.compile`` accepts (``keras.optimizers.get``); then :func:`check_optimizer`."""

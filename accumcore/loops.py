@@ -13,7 +13,6 @@ micro-batches *inside* the graph, so only one micro-batch's activations are aliv
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,10 +25,9 @@ import tensorflow as tf
 from accumcore import distribute
 from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
-    END_OF_EPOCH_POLICIES,
     check_accum_steps,
     check_choice,
-    check_normalizer,
+    check_settings,
     get_optimizer,
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
@@ -41,9 +39,7 @@ from accumcore.core import (
     resolve_normalizer,
     summed_loss_gradients,
 )
-from accumcore.state import AccumulationState
-
-logger = logging.getLogger("accumcore")
+from accumcore.state import AccumulationState, NonFinitePolicy
 
 MODES = ("eager", "function", "graph")
 
@@ -130,6 +126,60 @@ class LoopHistory:
     counters: dict[str, int] = field(default_factory=dict)
 
 
+class HistoryBook:
+    """Writes a :class:`LoopHistory` from micro-batch results: the one book-keeping of
+    :meth:`~accumcore.AccumTrainer.fit` and :meth:`~accumcore.checkpointing.ResumableLoop.fit`.
+
+    Keeps float64 running sums (Python floats) for the open window and the epoch:
+    ``window_loss`` / ``epoch_loss`` (``sum c_i * L_i``, loss units times weight) and
+    ``window_weight`` / ``epoch_weight`` (``sum c_i``). ``ResumableLoop`` checkpoints
+    :attr:`sums`, so that the losses reported after a resume are the same as without the
+    interruption.
+    """
+
+    SUMS = ("window_loss", "window_weight", "epoch_loss", "epoch_weight")
+
+    def __init__(self, sums: dict[str, float] | None = None) -> None:
+        self.history = LoopHistory()
+        self.sums = {name: float((sums or {}).get(name, 0.0)) for name in self.SUMS}
+
+    def _reset(self, prefix: str) -> None:
+        self.sums[f"{prefix}_loss"] = self.sums[f"{prefix}_weight"] = 0.0
+
+    def _window_loss(self) -> None:
+        self.history.window_losses.append(self.sums["window_loss"] / self.sums["window_weight"])
+
+    def micro_batch(self, loss: float, weight: float, applied: bool) -> None:
+        """Record one micro-batch: its mean loss, its weight ``c_i`` and whether it closed
+        (applied) a window."""
+        self.history.micro_losses.append(loss)
+        self.history.micro_weights.append(weight)
+        for prefix in ("window", "epoch"):
+            self.sums[f"{prefix}_loss"] += loss * weight
+            self.sums[f"{prefix}_weight"] += weight
+        if applied:
+            self._window_loss()
+            self._reset("window")
+
+    def end_epoch(self, policy: str, outcome: str | None, updates: int) -> None:
+        """Record the end of an epoch.
+
+        Args:
+            policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
+            outcome: what :meth:`~accumcore.AccumulationState.end_epoch` did (``None``:
+                nothing pending).
+            updates: optimizer updates applied in this epoch.
+        """
+        if outcome in ("applied", "skipped"):  # the partial window was closed
+            self._window_loss()
+        if policy != "carry":
+            self._reset("window")
+        weight = self.sums["epoch_weight"]
+        self.history.epoch_losses.append(self.sums["epoch_loss"] / weight if weight else 0.0)
+        self.history.updates.append(updates)
+        self._reset("epoch")
+
+
 class AccumTrainer:
     """Train a Keras model with exact gradient accumulation in a custom loop.
 
@@ -148,7 +198,8 @@ class AccumTrainer:
             ``micro_batch_size`` (K = B / b).
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
-        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"`` or ``"skip_window"``.
+        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
+            :class:`~accumcore.NonFinitePolicy`.
         normalizer: ``"samples"`` (default: follows the loss's reduction, so
             ``"mean_with_sample_weight"`` uses the weight sum and ``"sum"`` no division),
             ``"sample_weight"`` or a callable ``(x, y, sample_weight) -> item count``; see
@@ -177,7 +228,7 @@ class AccumTrainer:
         effective_batch_size: int | None = None,
         micro_batch_size: int | None = None,
         end_of_epoch: str = "apply",
-        nonfinite: str = "raise",
+        nonfinite: str | NonFinitePolicy = "raise",
         normalizer: str | Callable = "samples",
         jit_compile: bool = False,
     ) -> None:
@@ -190,8 +241,8 @@ class AccumTrainer:
         )
         self.model = model
         self.loss = as_loss_fn(loss)
-        self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
-        self.normalizer = check_normalizer(normalizer)
+        settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
+        self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
         # What the window rule uses: the normaliser matching the loss's reduction.
         self._normalizer = resolve_normalizer(self.normalizer, loss)
         self.jit_compile = bool(jit_compile)
@@ -206,7 +257,6 @@ class AccumTrainer:
         """Forget compiled steps (they captured the optimizer and the trainable set)."""
         self._micro_fn = None
         self._epoch_fn = None
-        self._epoch_steps_fn = None
         self._window_fn = None
         self._window_ragged_fn = None  # window_step without XLA, for batches K does not divide
         self._flush_fn = None
@@ -412,65 +462,45 @@ class AccumTrainer:
     # ------------------------------------------------------------------ end of epoch
     def flush(self) -> bool:
         """Apply the pending partial window now, with its true weight. Returns whether it did."""
-        if not self.state.built or int(self.state.micro_step.numpy()) == 0:
-            return False
         # To the variables the window was accumulated for (also after a `trainable` change).
-        return bool(self.state.apply_window(self.optimizer, self.model.trainable_variables))
+        return self.state.end_epoch(
+            "apply", self.optimizer, self.model.trainable_variables
+        ) == "applied"
 
-    def end_epoch(self) -> None:
-        """Apply the end-of-epoch policy to a partial window."""
-        pending = int(self.state.micro_step.numpy())
-        if pending == 0:
-            return
-        if self.end_of_epoch == "apply":
-            self.flush()
-        elif self.end_of_epoch == "drop":
-            samples = int(self.state.window_samples.numpy())
-            logger.warning(
-                "end_of_epoch='drop': discarding a partial window of %d micro-batches "
-                "(%d samples) at the end of epoch %d.", pending, samples, self.epoch,
-            )
-            self.state.drop_window()
-        else:
-            logger.info(
-                "end_of_epoch='carry': %d micro-batches carried into the next epoch.", pending
-            )
+    def end_epoch(self) -> str | None:
+        """Apply the end-of-epoch policy to a partial window; returns what was done
+        (:meth:`~accumcore.AccumulationState.end_epoch`)."""
+        return self.state.end_epoch(
+            self.end_of_epoch, self.optimizer, self.model.trainable_variables, self.epoch
+        )
 
     # ------------------------------------------------------------------ whole epoch in graph
-    def _epoch(self, dataset):
-        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        weights = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        applied = tf.TensorArray(tf.bool, size=0, dynamic_size=True)
+    def _epoch(self, batches, steps=None):
+        """One epoch in graph: every micro-batch of the dataset ``batches``; or, with
+        ``steps``, at most that many from the iterator ``batches`` (kept across epochs)."""
+        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True)
+                        for dtype in (tf.float32, tf.float32, tf.bool))
         i = 0
-        # iter(): autograph turns this into a tf.while_loop over the iterator. `for batch in
-        # dataset` would become `dataset.reduce`, whose body (variable updates, optimizer)
-        # runs about 10-30x slower (benchmarks/RESULTS.md, issue 5).
-        for batch in iter(dataset):
-            x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-            loss, weight, did = self._run_micro_step(x, y, sw)
-            losses = losses.write(i, loss)
-            weights = weights.write(i, weight)
-            applied = applied.write(i, did)
-            i += 1
-        return losses.stack(), weights.stack(), applied.stack()
+        if steps is None:
+            # iter(): autograph turns this into a tf.while_loop over the iterator. `for batch
+            # in dataset` would become `dataset.reduce`, whose body (variable updates,
+            # optimizer) runs about 10-30x slower (benchmarks/RESULTS.md, issue 5).
+            for batch in iter(batches):
+                records = self._record(records, i, batch)
+                i += 1
+        else:
+            for _ in tf.range(steps):
+                optional = batches.get_next_as_optional()
+                if not optional.has_value():
+                    break  # the data ran out (the caller warns and starts a new iterator)
+                records = self._record(records, i, optional.get_value())
+                i += 1
+        return tuple(r.stack() for r in records)
 
-    def _epoch_steps(self, iterator, steps):
-        """At most ``steps`` micro-batches from ``iterator`` (kept across epochs), in graph."""
-        losses = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        weights = tf.TensorArray(tf.float32, size=0, dynamic_size=True)
-        applied = tf.TensorArray(tf.bool, size=0, dynamic_size=True)
-        i = 0
-        for _ in tf.range(steps):
-            optional = iterator.get_next_as_optional()
-            if not optional.has_value():
-                break  # the data ran out (the caller warns and starts a new iterator)
-            x, y, sw = keras.utils.unpack_x_y_sample_weight(optional.get_value())
-            loss, weight, did = self._run_micro_step(x, y, sw)
-            losses = losses.write(i, loss)
-            weights = weights.write(i, weight)
-            applied = applied.write(i, did)
-            i += 1
-        return losses.stack(), weights.stack(), applied.stack()
+    def _record(self, records: tuple, i, batch) -> tuple:
+        """Run one micro-batch; write its ``(loss, weight, applied)`` at index ``i``."""
+        x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
+        return tuple(r.write(i, out) for r, out in zip(records, self._run_micro_step(x, y, sw)))
 
     # ------------------------------------------------------------------ input
     def _as_dataset(
@@ -611,9 +641,8 @@ class AccumTrainer:
         # Under a tf.distribute strategy each global micro-batch is split across the replicas.
         strategy = distribute.model_strategy(self.model)
         batches = dataset if strategy is None else distribute.distribute_dataset(strategy, dataset)
-        history = LoopHistory()
-        window_sum = 0.0
-        window_weight = 0.0
+        book = HistoryBook()
+        history = book.history
         iterator = None  # with steps_per_epoch: one iterator across epochs (as Keras)
         seen = 0  # micro-batches drawn from `iterator`
         for _ in range(epochs):
@@ -624,23 +653,19 @@ class AccumTrainer:
             bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
             before = int(self.state.windows_applied.numpy()) if self.state.built else 0
             records: list[tuple[float, float, bool]] = []
-            ran_out = False
             if steps_per_epoch is not None and iterator is None:
                 iterator, seen = iter(batches), 0
             if mode == "graph":
                 for batch in dataset.take(1):  # build eagerly before tracing
                     self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
+                if self._epoch_fn is None:
+                    self._epoch_fn = tf.function(self._epoch, jit_compile=False)
                 if steps_per_epoch is None:
-                    if self._epoch_fn is None:
-                        self._epoch_fn = tf.function(self._epoch, jit_compile=False)
                     losses, weights, applied = self._epoch_fn(batches)
                 else:
-                    if self._epoch_steps_fn is None:
-                        self._epoch_steps_fn = tf.function(self._epoch_steps, jit_compile=False)
-                    losses, weights, applied = self._epoch_steps_fn(
+                    losses, weights, applied = self._epoch_fn(
                         iterator, tf.constant(steps_per_epoch, tf.int64)
                     )
-                    ran_out = int(tf.size(losses)) < steps_per_epoch
                 self.state.raise_if_nonfinite(self.epoch)
                 records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
                                    applied.numpy().tolist()))
@@ -655,7 +680,7 @@ class AccumTrainer:
                     )
                     records.append((float(loss), float(weight), bool(did)))
                     bar.update(step + 1, values=[("loss", float(loss))])
-                ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
+            ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
             if steps_per_epoch is not None:
                 seen += len(records)
                 if ran_out or (cardinality > 0 and seen >= cardinality):
@@ -677,24 +702,12 @@ class AccumTrainer:
                     "exhausted iterator). Pass a dataset that can be iterated once per epoch."
                 )
             # Book-keeping in Python: window losses from the per-micro-batch records.
-            epoch_sum = sum(loss * w for loss, w, _ in records)
-            epoch_weight = sum(w for _, w, _ in records)
-            for loss, w, did in records:
-                history.micro_losses.append(loss)
-                history.micro_weights.append(w)
-                window_sum += loss * w
-                window_weight += w
-                if did:
-                    history.window_losses.append(window_sum / window_weight)
-                    window_sum = window_weight = 0.0
-            pending = int(self.state.micro_step.numpy())
-            self.end_epoch()
-            if pending and self.end_of_epoch == "apply":
-                history.window_losses.append(window_sum / window_weight)
-            if self.end_of_epoch != "carry":
-                window_sum = window_weight = 0.0
-            history.epoch_losses.append(epoch_sum / epoch_weight if epoch_weight else 0.0)
-            history.updates.append(int(self.state.windows_applied.numpy()) - before)
+            for record in records:
+                book.micro_batch(*record)
+            outcome = self.end_epoch()
+            book.end_epoch(
+                self.end_of_epoch, outcome, int(self.state.windows_applied.numpy()) - before
+            )
             if verbose and (mode == "graph" or steps is None or ran_out):  # else finalized
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()

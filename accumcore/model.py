@@ -18,7 +18,6 @@ every K-th call, with the mean gradient of the last K batches.
 from __future__ import annotations
 
 import inspect
-import logging
 import warnings
 import weakref
 from collections.abc import Callable
@@ -30,12 +29,8 @@ import tensorflow as tf
 from accumcore import compat
 from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
-    END_OF_EPOCH_POLICIES,
-    NONFINITE_POLICIES,
-    check_accum_steps,
-    check_choice,
-    check_normalizer,
     check_optimizer,
+    check_settings,
     warn_if_float16_without_loss_scaling,
 )
 from accumcore.core import (
@@ -45,9 +40,7 @@ from accumcore.core import (
     summed_loss_gradients,
 )
 from accumcore.distribute import is_loss_scale_optimizer
-from accumcore.state import AccumulationState, saved_micro_step
-
-logger = logging.getLogger("accumcore")
+from accumcore.state import NONFINITE, AccumulationState, NonFinitePolicy, saved_micro_step
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
 # Key under which get_compile_config() carries the accumulation settings (see there).
@@ -170,7 +163,8 @@ class AccumModel(keras.Model):
             (``keras.models.clone_model`` through the compile config, ``load_model`` through
             ``from_config``); ``set_accumulation(accum_steps=K)`` sets it too.
         end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
-        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"`` or ``"skip_window"``.
+        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
+            :class:`~accumcore.NonFinitePolicy` (a custom one cannot be serialised).
         normalizer: ``"samples"`` (default), ``"sample_weight"`` or a callable
             ``(x, y, sample_weight) -> item count``.
 
@@ -215,7 +209,7 @@ class AccumModel(keras.Model):
         *args: Any,
         accum_steps: int | None = None,
         end_of_epoch: str = "apply",
-        nonfinite: str = "raise",
+        nonfinite: str | NonFinitePolicy = "raise",
         normalizer: str | Callable = "samples",
         **kwargs: Any,
     ) -> None:
@@ -235,12 +229,11 @@ class AccumModel(keras.Model):
             functional.__init__(self, *args, **kwargs)
         else:
             super().__init__(*args, **kwargs)
-        # None = not given: fit raises (class docstring). The state needs an int meanwhile.
-        self.accum_steps = None if accum_steps is None else check_accum_steps(accum_steps)
-        self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
-        self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
-        self.normalizer = check_normalizer(normalizer)
-        self.accumulation = AccumulationState(self.accum_steps or 1, nonfinite=self.nonfinite)
+        # The state holds K and the non-finite policy (the properties below read them).
+        self.accumulation = AccumulationState(1, nonfinite=nonfinite)
+        self._accum_steps_given = False  # None = not given: fit raises (class docstring)
+        self._configure(dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
+                             normalizer=normalizer))
         self._accum_normalizer = self.normalizer  # resolved from the loss by build_accumulation
         self._accum_loss_tracker = keras.metrics.Mean(name="loss")
         # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
@@ -249,12 +242,45 @@ class AccumModel(keras.Model):
         ))
 
     # ------------------------------------------------------------------ config
+    @property
+    def accum_steps(self) -> int | None:
+        """K, micro-batches per optimizer update (held by :attr:`accumulation`); ``None``
+        until given."""
+        return self.accumulation.accum_steps if self._accum_steps_given else None
+
+    @property
+    def nonfinite(self) -> str | NonFinitePolicy:
+        """The non-finite policy (held by :attr:`accumulation`): its name, or the custom
+        :class:`~accumcore.NonFinitePolicy` given."""
+        policy = self.accumulation.nonfinite_policy
+        return policy.name if NONFINITE.get(policy.name) == policy else policy
+
+    def _configure(self, settings: dict) -> None:
+        """Validate and set the given settings (``__init__`` and :meth:`set_accumulation`)."""
+        nonfinite = settings.pop("nonfinite", None)
+        if nonfinite is not None:
+            self.accumulation.nonfinite = nonfinite  # a name or a NonFinitePolicy
+        if settings.get("accum_steps", 0) is None:  # __init__ without `accum_steps`
+            del settings["accum_steps"]
+        for name, value in check_settings(**settings).items():
+            if name == "accum_steps":
+                self.accumulation.accum_steps = value
+                self._accum_steps_given = True
+            else:
+                setattr(self, name, value)
+
     def get_config(self) -> dict:
         config = super().get_config()
         if callable(self.normalizer):
             raise ValueError(
                 "An AccumModel with a callable `normalizer` cannot be serialised; pass "
                 "normalizer='samples' or 'sample_weight', or re-create the model in code."
+            )
+        if not isinstance(self.nonfinite, str):
+            raise ValueError(
+                f"An AccumModel with a custom NonFinitePolicy ({self.nonfinite.name!r}) cannot "
+                "be serialised; pass nonfinite='raise', 'skip_micro_batch' or 'skip_window', "
+                "or re-create the model in code."
             )
         config.update(self._settings())
         return config
@@ -296,7 +322,7 @@ class AccumModel(keras.Model):
         self,
         accum_steps: int | None = None,
         end_of_epoch: str | None = None,
-        nonfinite: str | None = None,
+        nonfinite: str | NonFinitePolicy | None = None,
         normalizer: str | Callable | None = None,
     ) -> None:
         """Change accumulation settings between ``fit`` calls (the window must be empty)."""
@@ -305,17 +331,9 @@ class AccumModel(keras.Model):
                 "A partial window is pending; call `model.flush_window()` before changing the "
                 "accumulation settings."
             )
-        if accum_steps is not None:
-            self.accum_steps = check_accum_steps(accum_steps)
-        if end_of_epoch is not None:
-            self.end_of_epoch = check_choice(end_of_epoch, "end_of_epoch", END_OF_EPOCH_POLICIES)
-        if nonfinite is not None:
-            self.nonfinite = check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)
-        if normalizer is not None:
-            self.normalizer = check_normalizer(normalizer)
-        if self.accum_steps is not None:
-            self.accumulation.accum_steps = self.accum_steps
-        self.accumulation.nonfinite = self.nonfinite
+        given = dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch, nonfinite=nonfinite,
+                     normalizer=normalizer)
+        self._configure({name: value for name, value in given.items() if value is not None})
         self.train_function = None  # retrace with the new settings
 
     # ------------------------------------------------------------------ metrics
@@ -529,28 +547,16 @@ class AccumModel(keras.Model):
     # ------------------------------------------------------------------ windows
     def flush_window(self) -> bool:
         """Apply the pending partial window now, with its true weight (no-op when empty)."""
-        if not self.accumulation.built or int(self.accumulation.micro_step.numpy()) == 0:
-            return False
-        state, optimizer, variables = self.accumulation, self.optimizer, self.trainable_variables
-        strategy = self.distribute_strategy
-        if strategy.num_replicas_in_sync > 1:
-            result = strategy.run(tf.function(lambda: state.apply_window(optimizer, variables)))
-            return bool(strategy.experimental_local_results(result)[0])
-        return bool(state.apply_window(optimizer, variables))
+        return self.accumulation.end_epoch(
+            "apply", self.optimizer, self.trainable_variables
+        ) == "applied"
 
-    def end_window_of_epoch(self, epoch: int | None = None) -> None:
-        """Apply the ``end_of_epoch`` policy to a pending partial window."""
-        if not self.accumulation.built or int(self.accumulation.micro_step.numpy()) == 0:
-            return
-        if self.end_of_epoch == "apply":
-            self.flush_window()
-        elif self.end_of_epoch == "drop":
-            samples = int(self.accumulation.window_samples.numpy())
-            logger.warning(
-                "end_of_epoch='drop': discarding a partial window of %d samples at the end of "
-                "epoch %s.", samples, epoch,
-            )
-            self.accumulation.drop_window()
+    def end_window_of_epoch(self, epoch: int | None = None) -> str | None:
+        """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was
+        done (:meth:`~accumcore.AccumulationState.end_epoch`)."""
+        return self.accumulation.end_epoch(
+            self.end_of_epoch, self.optimizer, self.trainable_variables, epoch
+        )
 
     # ------------------------------------------------------------------ saving
     def _accumulation_values_to_save(self) -> list:

@@ -575,6 +575,44 @@ class AccumulationState(tf.Module):
         self._check_built()
         self._end_window(applied=False)
 
+    def end_epoch(
+        self, policy: str, optimizer, variables: Sequence | None = None, epoch: int | None = None
+    ) -> str | None:
+        """Apply an end-of-epoch policy (or a flush) to the pending partial window.
+
+        The one place where AccumTrainer, ResumableLoop and AccumModel decide what happens to
+        a window still open when an epoch ends (``flush()`` / ``flush_window()`` call it with
+        ``"apply"``). From Python (eager), also under a strategy (cross-replica context).
+
+        Args:
+            policy: ``"apply"`` (one update with the window's true weight, see
+                :meth:`apply_window`), ``"drop"`` (discard it, counted in ``samples_dropped``;
+                logged as a warning) or ``"carry"`` (keep it for the next epoch; logged).
+            optimizer: the Keras optimizer, for ``"apply"``.
+            variables: the model's current trainable variables (see :meth:`apply_window`).
+            epoch: the epoch that ended, for the log line.
+
+        Returns:
+            ``None`` if no window was pending (nothing done), else what was done:
+            ``"applied"`` (an optimizer update), ``"skipped"`` (``"apply"``, but the window
+            was skipped: non-finite, or frozen), ``"dropped"`` or ``"carried"``.
+        """
+        pending = int(self.micro_step.numpy()) if self._built else 0
+        if pending == 0:
+            return None
+        if policy == "apply":
+            return "applied" if bool(self.apply_window(optimizer, variables)) else "skipped"
+        if policy == "drop":
+            logger.warning(
+                "end_of_epoch='drop': discarding a partial window of %d micro-batches "
+                "(%d samples) at the end of epoch %s.",
+                pending, int(self.window_samples.numpy()), epoch,
+            )
+            self.drop_window()
+            return "dropped"
+        logger.info("end_of_epoch='carry': %d micro-batches carried into the next epoch.", pending)
+        return "carried"
+
     def reset(self) -> None:
         """Empty the current window (:attr:`window_variables`); counters are kept.
 

@@ -186,3 +186,35 @@ def test_functional_construction_rejects_bad_settings():
         ac.AccumModel(inputs, outputs, accum_steps=0)
     with pytest.raises(ValueError, match="end_of_epoch"):
         ac.AccumModel(inputs, outputs, accum_steps=2, end_of_epoch="flush")
+
+
+def test_custom_nonfinite_policy_is_accepted_by_both_entry_points(data):
+    # A NonFinitePolicy (the injected skip decision) works in AccumModel as in AccumTrainer:
+    # this one skips the ragged last micro-batch (8 < 10 samples), so the one update of the
+    # epoch (16 + 16 + skipped 8, flushed) equals a large batch of the first 32 samples.
+    x, y = data
+
+    def small(grads, weight):
+        return weight < 10.0
+
+    policy = ac.NonFinitePolicy("skip_small", should_skip=small)
+    plain = small_mlp()
+    initial = get_weights(plain)
+    plain.compile(OPTIMIZERS["sgd"](), LOSS)
+    plain.train_on_batch(x[:32], y[:32])
+    models = [_fit_model(k=3, nonfinite=policy)]
+    models[0].fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=3,
+                              nonfinite=policy)
+    trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0)
+    models.append(trainer.model)
+    for state in (models[0].accumulation, trainer.state):
+        assert state.counters()["micro_batches_skipped"] == 1
+        assert state.counters()["windows_applied"] == 1
+    for model in models:
+        assert relative_error(get_weights(model), get_weights(plain), initial) < REL_TOL
+    assert models[0].nonfinite is policy
+    with pytest.raises(ValueError, match="custom NonFinitePolicy.*cannot be serialised"):
+        models[0].get_config()
+    models[0].set_accumulation(nonfinite="skip_window")
+    assert models[0].nonfinite == "skip_window" == models[0].get_config()["nonfinite"]
