@@ -14,7 +14,7 @@ from helpers import bitwise_equal
 from reliability_scenarios import ENTRY_POINTS, OTHER_SEED_ENTRIES, load, weights_of
 
 # The scenario subprocess (shared with test_resume.py) takes ~45 s of CPU: deselected by
-# `-k "not slow"`, always run by CI (`pytest tests`).
+# `-m "not slow"`, always run by CI (`pytest tests`).
 pytestmark = pytest.mark.slow
 
 
