@@ -2,72 +2,39 @@
 
 Logical devices must be configured before TensorFlow initialises its devices, so these cases
 cannot run inside the pytest process (other tests have initialised TF there already).
-``tests/test_distribute.py`` runs this script once and checks the JSON it writes::
+``tests/test_distribute.py`` runs this script once through ``helpers.run_script`` and checks
+the result each case emits (``helpers.run_cases``)::
 
-    python tests/distribute_cases.py OUT.json [case ...]
+    python tests/distribute_cases.py [case ...]      # with $ACCUMCORE_TEST_RESULT set
 
 Each case returns a dict of plain numbers; an exception is recorded as ``{"error": ...}`` so
 the test that reads it fails with the traceback. All equivalence references are independent:
 plain ``train_on_batch`` on the concatenated window, on ONE device, from the same initial
-weights (the default strategy, outside any scope).
+weights (``helpers.reference_weights``: the default strategy, outside any scope).
 """
 
 from __future__ import annotations
 
-import os
+import sys
+from collections.abc import Callable
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+import keras
+import numpy as np
+import tensorflow as tf
+from helpers import LOSS, make_data, reference_weights, run_cases, small_mlp
 
-import json  # noqa: E402
-import sys  # noqa: E402
-import traceback  # noqa: E402
-from collections.abc import Callable  # noqa: E402
+import accumcore as ac
+from accumcore.lab.experiments import get_weights, relative_error
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import accumcore as ac  # noqa: E402
-import accumcore.lab.experiments  # noqa: E402,F401
-from accumcore.lab.experiments import get_weights, relative_error  # noqa: E402
-
-# Two logical CPUs, before anything initialises TensorFlow's devices (importing accumcore does
-# not). CUDA_VISIBLE_DEVICES="" in the test keeps this on CPUs on a GPU machine too.
+# Two logical CPUs, before anything initialises TensorFlow's devices (importing accumcore and
+# helpers does not). run_script sets CUDA_VISIBLE_DEVICES="": CPUs on a GPU machine too.
 DEVICES = ac.distribute.replica_devices(2)
-LOSS = "sparse_categorical_crossentropy"
 CASES: dict[str, Callable[[], dict]] = {}
 
 
 def case(fn: Callable[[], dict]) -> Callable[[], dict]:
     CASES[fn.__name__] = fn
     return fn
-
-
-def data(n: int, features: int = 8, classes: int = 3, seed: int = 1):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, features)).astype("float32")
-    y = rng.integers(0, classes, size=n).astype("int32")
-    return x, y
-
-
-def small_mlp(seed: int = 0, model_cls=keras.Model, **kwargs) -> keras.Model:
-    """8 -> 16 (relu) -> 3 (softmax), identical weights for a given seed."""
-    return ac.lab.experiments.mlp(8, (16,), 3, seed=seed, model_cls=model_cls, **kwargs)
-
-
-def windows(n: int, micro: int, k: int) -> list[slice]:
-    return [slice(s, min(s + micro * k, n)) for s in range(0, n, micro * k)]
-
-
-def reference(make_model, make_opt, x, y, micro: int, k: int):
-    """Single device, no strategy: one train_on_batch per window (the large batch)."""
-    model = make_model()
-    initial = get_weights(model)
-    model.compile(make_opt(), LOSS)
-    for s in windows(len(x), micro, k):
-        model.train_on_batch(x[s], y[s])
-    return initial, get_weights(model)
 
 
 _SHARED: list[tf.distribute.MirroredStrategy] = []
@@ -105,9 +72,9 @@ def train_trainer(strategy, make_opt, x, y, micro, k, mode, make_model=small_mlp
 def loops_ragged() -> dict:
     """Eager, tf.function and graph loops; micro-batch 5 over 2 replicas = 3 + 2 samples; the
     last micro-batch (1 sample) leaves replica 1 EMPTY, and the last window is partial."""
-    x, y = data(36)
+    x, y = make_data(36)
     micro, k = 5, 2
-    initial, ref = reference(small_mlp, adam, x, y, micro, k)
+    initial, ref = reference_weights(adam, x, y, None, micro, k)
     out = {}
     strategy = mirrored()
     for mode in ("eager", "function", "graph"):
@@ -123,9 +90,9 @@ def loops_ragged() -> dict:
 @case
 def fit_ragged() -> dict:
     """AccumModel.fit: micro-batch 6 (3 + 3); the last micro-batch of 3 is ragged (2 + 1)."""
-    x, y = data(39)
+    x, y = make_data(39)
     micro, k = 6, 2
-    initial, ref = reference(small_mlp, adam, x, y, micro, k)
+    initial, ref = reference_weights(adam, x, y, None, micro, k)
     with mirrored().scope():
         model = small_mlp(model_cls=ac.AccumModel, accum_steps=k)
         model.compile(adam(), LOSS)
@@ -140,7 +107,7 @@ def fit_ragged() -> dict:
 @case
 def clipping_and_decay() -> dict:
     """Clipping must see the global window gradient (Keras clips per replica otherwise)."""
-    x, y = data(40)
+    x, y = make_data(40)
     micro, k = 4, 5
     opts = {
         "global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),
@@ -150,7 +117,7 @@ def clipping_and_decay() -> dict:
     strategy = mirrored()
     out = {}
     for name, make_opt in opts.items():
-        initial, ref = reference(small_mlp, make_opt, x, y, micro, k)
+        initial, ref = reference_weights(make_opt, x, y, None, micro, k)
         model, _, _ = train_trainer(strategy, make_opt, x, y, micro, k, "function")
         out[name] = relative_error(get_weights(model), ref, initial)
     return out
@@ -163,7 +130,7 @@ def reductions() -> dict:
     For K in (2, 4): two windows of K micro-batches; also a clipping optimizer.
     """
     out = {}
-    x, y = data(64)
+    x, y = make_data(64)
     micro = 4
     n_vars = len(small_mlp().trainable_variables)
     for name, k, make_opt in (("k2", 2, adam), ("k4", 4, adam),
@@ -199,12 +166,12 @@ def reductions() -> dict:
 def nonfinite_shard() -> dict:
     """A NaN in one replica's shard: 'skip_window' skips the window on every replica (the
     flag travels in the window's one reduction); 'raise' raises from the host."""
-    x, y = data(20)
+    x, y = make_data(20)
     x[5] = np.nan  # micro-batch 1 (samples 4..7): replica 0's shard 4, 5
     micro, k = 4, 2
     strategy = mirrored()
     # Reference: the large batches of windows 2 and 3 only (window 1 is skipped).
-    initial, ref = reference(small_mlp, adam, x[8:], y[8:], micro, k)
+    initial, ref = reference_weights(adam, x[8:], y[8:], None, micro, k)
     model, _, history = train_trainer(strategy, adam, x, y, micro, k, "function",
                                       nonfinite="skip_window")
     out = {"skip_window": {"rel": relative_error(get_weights(model), ref, initial),
@@ -233,7 +200,8 @@ def mixed_precision() -> dict:
     for name, xs in (("clean", x), ("overflow", x_bad)):
         def make():
             return build_mixed_model("mixed_float16")
-        initial, ref = reference(make, lambda: mixed_optimizer("mixed_float16"), xs, y, micro, k)
+        initial, ref = reference_weights(lambda: mixed_optimizer("mixed_float16"), xs, y, None,
+                                         micro, k, make_model=make)
         model, trainer, history = train_trainer(
             mirrored(), lambda: mixed_optimizer("mixed_float16"), xs, y, micro, k, "function",
             make_model=make,
@@ -246,18 +214,5 @@ def mixed_precision() -> dict:
     return out
 
 
-def main(argv: list[str]) -> None:
-    out_path, names = argv[0], argv[1:] or list(CASES)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    results = {}
-    for name in names:
-        try:
-            results[name] = CASES[name]()
-        except Exception:  # noqa: BLE001 - reported to the test that reads this case
-            results[name] = {"error": traceback.format_exc()}
-        with open(out_path, "w") as f:  # after every case: a timeout keeps what finished
-            json.dump(results, f, indent=1, default=float)
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_cases(CASES, sys.argv[1:])

@@ -1,68 +1,46 @@
-"""One worker of the MultiWorkerMirroredStrategy test (started by tests/test_multiworker.py).
+"""One worker of the MultiWorkerMirroredStrategy test (started by tests/test_multiworker.py
+through ``helpers.run_workers``).
 
-Usage: ``python tests/multiworker_worker.py OUT.json`` with ``TF_CONFIG`` set in the
-environment (two workers on 127.0.0.1). Every worker builds the same seeded model and data,
-trains with accumulation under the strategy, and writes its final weights and counters.
+Usage: ``python tests/multiworker_worker.py`` with ``TF_CONFIG`` (two workers on 127.0.0.1) and
+``$ACCUMCORE_TEST_RESULT`` set in the environment. Every worker builds the same seeded model
+and data, trains with accumulation under the strategy, and emits its final weights and
+counters.
 """
 
 from __future__ import annotations
 
-import os
+import keras
+import tensorflow as tf
+from helpers import LOSS, emit, make_data, small_mlp
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-
-import json  # noqa: E402
-import sys  # noqa: E402
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import accumcore as ac  # noqa: E402
-import accumcore.lab.experiments  # noqa: E402,F401
+import accumcore as ac
 
 N, MICRO, K = 48, 8, 3  # global micro-batches of 8 (4 per worker), windows of 24 samples
-LOSS = "sparse_categorical_crossentropy"
+SEED = 7  # of the data
 
 
-def data() -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(7)
-    return (rng.normal(size=(N, 8)).astype("float32"),
-            rng.integers(0, 3, size=N).astype("int32"))
-
-
-def make_model(model_cls=None, **kwargs):
-    import keras
-
-    return ac.lab.experiments.mlp(8, (16,), 3, seed=0, model_cls=model_cls or keras.Model, **kwargs)
-
-
-def make_optimizer():
-    import keras
-
+def make_optimizer() -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(0.01, global_clipnorm=0.5)
 
 
-def main(out_path: str) -> None:
+def main() -> None:
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    x, y = data()
+    x, y = make_data(N, seed=SEED)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     dataset = dataset.with_options(options)
     with strategy.scope():
-        model = make_model()
+        model = small_mlp()
         trainer = ac.AccumTrainer(model, make_optimizer(), LOSS, accum_steps=K)
     history = trainer.fit(dataset, epochs=1, mode="function", verbose=0)
-    result = {
+    emit({
         "replicas": strategy.num_replicas_in_sync,
-        "weights": [w.tolist() for w in model.get_weights()],
+        "weights": model.get_weights(),
         "counters": history.counters,
         "updates": history.updates,
-    }
-    with open(out_path, "w") as f:
-        json.dump(result, f)
+    })
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main()

@@ -3,35 +3,33 @@
 ``tf.config.experimental.enable_op_determinism()`` cannot be switched off again, and with it
 every random op needs a seed and some ops raise; enabling it inside the shared pytest process
 would change the other test modules. So :func:`results` runs this file once per pytest
-session as ``python tests/reliability_scenarios.py OUT_DIR``: it enables op determinism,
-runs every scenario and writes ``OUT_DIR/<name>.npz`` (weights and numbers) or
-``OUT_DIR/<name>.error`` (a traceback). The tests in ``test_resume.py`` and
+session through ``helpers.run_script``: the child enables op determinism, runs every scenario
+and emits ``{name: {"runs": {run: [weights]}, "info": {...}}}`` (``helpers.run_cases``: a
+scenario that raises is recorded with its traceback). The tests in ``test_resume.py`` and
 ``test_determinism.py`` only compare the saved results.
 """
 
 from __future__ import annotations
 
-import atexit
 import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from helpers import LOSS, case_result, make_data, run_cases, run_script, small_mlp
 
 HERE = Path(__file__).resolve().parent
-LOSS = "sparse_categorical_crossentropy"
 
 # Resume data: 60 samples in micro-batches of 8 -> 8 micro-batches per epoch (7 x 8 + 4), with
 # K = 3 the windows of one epoch hold 3, 3 and 2 (ragged) micro-batches.
 N, MICRO, K, EPOCHS = 60, 8, 3, 3
+TIMEOUT_S = 900  # every scenario in one child: ~45 s of CPU, a shared 2-core machine
 
 
 class Interrupt(Exception):
@@ -40,58 +38,25 @@ class Interrupt(Exception):
 
 # ------------------------------------------------------------------------------ in-process side
 @functools.lru_cache(maxsize=1)
-def results() -> Path:
-    """Run every scenario once (in a subprocess) and return the directory of results."""
-    out = Path(tempfile.mkdtemp(prefix="accumcore-reliability-"))
-    atexit.register(shutil.rmtree, out, ignore_errors=True)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), str(out)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"scenario runner failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n"
-            f"{proc.stderr[-3000:]}"
-        )
-    return out
+def results() -> dict:
+    """Run every scenario once (in a child interpreter) and return their results by name."""
+    return run_script(Path(__file__).resolve(), timeout=TIMEOUT_S)
 
 
 def load(name: str) -> dict:
-    """The saved arrays and numbers of one scenario (raises with its traceback if it failed)."""
-    out = results()
-    error = out / f"{name}.error"
-    if error.exists():
-        raise AssertionError(f"scenario {name!r} raised in the runner:\n{error.read_text()}")
-    path = out / f"{name}.npz"
-    if not path.exists():
-        raise AssertionError(f"scenario {name!r} produced no result")
-    with np.load(path, allow_pickle=False) as f:
-        data = {k: f[k] for k in f.files}
-    info = json.loads(str(data.pop("__info__")))
-    return {"info": info, **data}
+    """The result of one scenario: ``{"runs": {run: [arrays]}, "info": {...}}`` (raises with
+    its traceback if it failed in the child)."""
+    return case_result(results(), name)
 
 
 def weights_of(result: dict, run: str) -> list[np.ndarray]:
-    """The weight arrays of one run (``<run>/0``, ``<run>/1``, ...) of a scenario."""
-    keys = [k for k in result if k.startswith(f"{run}/")]
-    keys.sort(key=lambda k: int(k.split("/")[1]))
-    return [result[k] for k in keys]
-
-
-def bitwise_equal(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
-    return len(a) == len(b) and all(
-        x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes()
-        for x, y in zip(a, b)
-    )
+    """The weight arrays of one run of a scenario."""
+    return result["runs"][run]
 
 
 # ------------------------------------------------------------------------------ subprocess side
 def _data():
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(N, 8)).astype("float32")
-    y = rng.integers(0, 3, size=N).astype("int32")
-    return x, y
+    return make_data(N)
 
 
 def _weights(model) -> list[np.ndarray]:
@@ -114,9 +79,8 @@ def _trainer(seed: int = 0, **kwargs):
     import keras
 
     import accumcore as ac
-    from accumcore.lab.experiments import mlp
 
-    model = mlp(8, (16,), 3, seed=seed)
+    model = small_mlp(seed)
     _script_seed()
     return ac.AccumTrainer(model, keras.optimizers.Adam(0.01), LOSS, accum_steps=K, **kwargs)
 
@@ -128,9 +92,8 @@ def _accum_model(seed: int = 0, run_eagerly: bool = True, **kwargs):
     import keras
 
     import accumcore as ac
-    from accumcore.lab.experiments import mlp
 
-    model = mlp(8, (16,), 3, seed=seed, model_cls=ac.AccumModel, accum_steps=K, **kwargs)
+    model = small_mlp(seed, model_cls=ac.AccumModel, accum_steps=K, **kwargs)
     _script_seed()
     model.compile(keras.optimizers.Adam(0.01), LOSS, run_eagerly=run_eagerly)
     return model
@@ -521,34 +484,33 @@ SCENARIOS: dict[str, Callable[[Path], dict]] = {
 }
 
 
-def main(out: str) -> None:
-    """Enable op determinism, run every scenario, save each result in ``out``."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+def _in_temp_dir(fn: Callable[[Path], dict]) -> Callable[[], dict]:
+    """The scenario ``fn`` run in a fresh temporary directory (removed after), its CPU seconds
+    added to its info."""
+
+    def run() -> dict:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{fn.__name__}-"))
+        start = time.process_time()
+        try:
+            result = fn(tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        result["info"]["cpu_seconds"] = round(time.process_time() - start, 2)
+        return result
+
+    return run
+
+
+def main(names: list[str]) -> None:
+    """Enable op determinism, run the named scenarios (all if none), emit their results."""
     shared_mnist = HERE.parent.parent / "shared" / "data" / "mnist.npz"  # as scripts/setup.sh
     if "ACCUMCORE_MNIST_PATH" not in os.environ and shared_mnist.is_file():
         os.environ["ACCUMCORE_MNIST_PATH"] = str(shared_mnist)
     import tensorflow as tf
 
     tf.config.experimental.enable_op_determinism()
-    out_dir = Path(out)
-    only = os.environ.get("ACCUMCORE_SCENARIOS")
-    for name, fn in SCENARIOS.items():
-        if only and name not in only.split(","):
-            continue
-        tmp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
-        start = time.process_time()
-        try:
-            result = fn(tmp)
-        except Exception:  # noqa: BLE001 - reported to the test that reads this scenario
-            (out_dir / f"{name}.error").write_text(traceback.format_exc())
-            continue
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        result["info"]["cpu_seconds"] = round(time.process_time() - start, 2)
-        arrays = {f"{run}/{i}": w for run, ws in result["runs"].items() for i, w in enumerate(ws)}
-        np.savez(out_dir / f"{name}.npz", __info__=json.dumps(result["info"]), **arrays)
+    run_cases({name: _in_temp_dir(fn) for name, fn in SCENARIOS.items()}, names)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])

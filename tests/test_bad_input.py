@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, small_mlp
+from helpers import LOSS, small_mlp
 
 import accumcore as ac
 from accumcore.checkpointing import ExactBackupAndRestore, ResumableLoop, SkipTrainedBatches
@@ -37,30 +37,23 @@ CONSTRUCTORS = {
 
 
 # ---------------------------------------------------------------------------- accum_steps
-@pytest.mark.parametrize("where", sorted(CONSTRUCTORS))
-def test_accum_steps_zero(where):
-    with pytest.raises(ValueError, match="`accum_steps` must be >= 1"):
-        CONSTRUCTORS[where](0)
-
-
-@pytest.mark.parametrize("where", sorted(CONSTRUCTORS))
-def test_accum_steps_negative(where):
-    with pytest.raises(ValueError, match="`accum_steps` must be >= 1.*got -3"):
-        CONSTRUCTORS[where](-3)
-
-
-@pytest.mark.parametrize("where", sorted(CONSTRUCTORS))
-def test_accum_steps_float(where):
+# Each bad value, the exception and the message it must raise.
+BAD_ACCUM_STEPS = {
+    "zero": (0, ValueError, "`accum_steps` must be >= 1"),
+    "negative": (-3, ValueError, "`accum_steps` must be >= 1.*got -3"),
     # 4.0 is rejected, not rounded: a float K usually comes from B / b that did not divide.
-    with pytest.raises(TypeError, match="`accum_steps` must be a positive int.*float"):
-        CONSTRUCTORS[where](4.0)
+    "float": (4.0, TypeError, "`accum_steps` must be a positive int.*float"),
+    # bool is an int subclass in Python; True would silently mean K = 1.
+    "bool": (True, TypeError, "`accum_steps` must be a positive int.*bool"),
+}
 
 
 @pytest.mark.parametrize("where", sorted(CONSTRUCTORS))
-def test_accum_steps_bool(where):
-    # bool is an int subclass in Python; True would silently mean K = 1.
-    with pytest.raises(TypeError, match="`accum_steps` must be a positive int.*bool"):
-        CONSTRUCTORS[where](True)
+@pytest.mark.parametrize("bad", list(BAD_ACCUM_STEPS))
+def test_accum_steps_bad_value(bad, where):
+    value, error, message = BAD_ACCUM_STEPS[bad]
+    with pytest.raises(error, match=message):
+        CONSTRUCTORS[where](value)
 
 
 def test_target_batch_not_a_multiple_of_the_micro_batch():

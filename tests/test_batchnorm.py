@@ -7,16 +7,13 @@ with ``train_on_batch`` on each window's samples, from the same initial weights.
 from __future__ import annotations
 
 import inspect
-import os
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import REL_TOL, windows_of
+from helpers import REL_TOL, run_script, windows_of
 
 import accumcore as ac
 from accumcore.batchnorm import window_layers
@@ -339,6 +336,7 @@ _DISTRIBUTED_SCRIPT = textwrap.dedent(
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras, numpy as np, accumcore as ac
 
+    passed = []  # the labels of the checks that passed, emitted at the end
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     rng = np.random.default_rng(0)
     x = rng.normal(2.0, 3.0, size=(40, 5, 5, 3)).astype("float32")
@@ -367,7 +365,7 @@ _DISTRIBUTED_SCRIPT = textwrap.dedent(
             for part in strategy.experimental_local_results(v.value):  # every replica
                 err = float(np.max(np.abs(part.numpy() - ref.numpy())))
                 assert err < 1e-5, (label, err)
-        print(label, "ok")
+        passed.append(label)
 
     def reset():
         layer.moving_mean.assign(np.zeros(3, "float32"))
@@ -439,7 +437,10 @@ _DISTRIBUTED_SCRIPT = textwrap.dedent(
             for part in strategy.experimental_local_results(v.value):
                 err = float(np.max(np.abs(part.numpy() - r.numpy())))
                 assert err < 1e-5, (label, err)
-        print(label, "ok")
+        passed.append(label)
+
+    from helpers import emit
+    emit(passed)
     """
 )
 
@@ -449,10 +450,7 @@ def test_window_moments_are_pooled_across_replicas(tmp_path):
     # tf.distribute on one machine: a MirroredStrategy over 2 logical CPU devices, in a fresh
     # process (logical devices must be configured before TensorFlow starts).
     script = _DISTRIBUTED_SCRIPT.replace("{path}", str(tmp_path / "dist.keras"))
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_ENABLE_ONEDNN_OPTS": "0"}
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    passed = run_script(script, timeout=300)
     for label in ("replica-context close", "cross-replica close", "save / load mid-window",
                   "AccumModel.fit", "AccumTrainer.fit"):
-        assert f"{label} ok" in out.stdout
+        assert label in passed, passed

@@ -15,6 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import REL_TOL
 
 import accumcore as ac
 import accumcore.lab.experiments  # noqa: F401
@@ -103,9 +104,9 @@ def test_window_step_is_exact_on_a_ragged_batch_with_and_without_xla(jit):
     trainer = ac.AccumTrainer(model, keras.optimizers.SGD(0.1), bm.LOSS, accum_steps=3,
                               jit_compile=jit)
     trainer.window_step(x, y)
-    # 1e-4: float32 re-association of the same sum (see tests/conftest.py REL_TOL); the bug
+    # REL_TOL: float32 re-association of the same sum (see tests/helpers.py); the bug
     # gave 0.5.
-    assert relative_error(get_weights(model), get_weights(ref), initial) < 1e-4
+    assert relative_error(get_weights(model), get_weights(ref), initial) < REL_TOL
     assert trainer.state.counters()["samples_seen"] == 10
 
 

@@ -8,18 +8,22 @@ every stack of the README's "Supported versions" table.
 
 from __future__ import annotations
 
-import ast
 import inspect
 import re
-import subprocess
-import sys
 import textwrap
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
+from helpers import (
+    LOSS,
+    REL_TOL,
+    assert_matches_reference,
+    reference_weights,
+    run_script,
+    small_mlp,
+)
 
 import accumcore as ac
 from accumcore import compat
@@ -48,23 +52,21 @@ def test_import_builds_no_model_or_layer():
 
         keras.layers.Layer.__new__ = staticmethod(counting_new)
         import accumcore
-        print("AT_IMPORT", created)
+        at_import = list(created)
         x = keras.Input((3,))
         model = accumcore.AccumModel(x, keras.layers.Dense(2)(x), accum_steps=2)
-        print("AFTER", created)
-        print("MODEL", type(model).__mro__[1].__name__, model.accum_steps)
+        after = list(created)
+
+        from helpers import emit  # imported only now: the counts are taken
+
+        emit({"at_import": at_import, "after": after,
+              "model": [type(model).__mro__[1].__name__, model.accum_steps]})
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in out.stdout.splitlines()
-             if ln.split(" ", 1)[0] in ("AT_IMPORT", "AFTER", "MODEL")}
-    assert lines["AT_IMPORT"] == "[]", f"import accumcore created layers/models: {lines}"
-    after = ast.literal_eval(lines["AFTER"])  # the printed list of class names
-    assert "Dense" in after and "AccumModel" in after, after  # the counter does count
-    assert lines["MODEL"] == "AccumModel 2"
+    out = run_script(script, timeout=300)
+    assert out["at_import"] == [], f"import accumcore created layers/models: {out}"
+    assert "Dense" in out["after"] and "AccumModel" in out["after"], out  # the counter counts
+    assert out["model"] == ["AccumModel", 2]
 
 
 # ------------------------------------------------------------------ functional class

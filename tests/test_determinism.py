@@ -10,16 +10,11 @@ dropout masks and data order. The runs happen in a fresh interpreter with
 from __future__ import annotations
 
 import pytest
-from reliability_scenarios import (
-    ENTRY_POINTS,
-    OTHER_SEED_ENTRIES,
-    bitwise_equal,
-    load,
-    weights_of,
-)
+from helpers import bitwise_equal
+from reliability_scenarios import ENTRY_POINTS, OTHER_SEED_ENTRIES, load, weights_of
 
 # The scenario subprocess (shared with test_resume.py) takes ~45 s of CPU: deselected by
-# `-k "not slow"`, always run by CI (`pytest tests`).
+# `-m "not slow"`, always run by CI (`pytest tests`).
 pytestmark = pytest.mark.slow
 
 

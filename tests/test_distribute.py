@@ -7,24 +7,12 @@ done so; that also keeps the other tests on one device. Each test checks one cas
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from helpers import REL_TOL, case_result, run_script
 
 pytestmark = pytest.mark.slow  # a subprocess with its own TensorFlow (see pyproject)
 
-HERE = Path(__file__).resolve().parent
-
-# Float32 tolerance for "same weights as the large batch on one device" (see conftest.REL_TOL
-# for the derivation: re-association round-off, measured ~1e-6..2e-5 with Adam). Splitting each
-# micro-batch over 2 replicas only changes the order of the sums once more; measured here:
-# 0.75e-6 .. 3.7e-6. 1e-4 is 3-4 orders of magnitude below a real bug (per-replica clipping
-# measured ~1e-1, a missing 1/num_replicas ~1).
-REL_TOL = 1e-4
+# REL_TOL (tests/helpers.py) covers 2 replicas: measured 0.75e-6 .. 3.7e-6 here.
 # mixed_float16 on both sides (see test_mixed_precision.TOL): measured 2e-4 .. 3e-4 here.
 MIXED_TOL = 2e-3
 # Generous: 6 small cases on a shared 2-core machine; CPU time is ~20 s.
@@ -32,30 +20,14 @@ TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("distribute") / "cases.json"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0",
-               CUDA_VISIBLE_DEVICES="")  # 2 logical CPUs, also on a GPU machine
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "distribute_cases.py"), str(out)],
-        env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=HERE.parent,
-    )
-    if not out.exists():
-        pytest.fail(f"distribute_cases.py wrote nothing (rc {proc.returncode}):\n"
-                    f"{proc.stderr[-4000:]}")
-    return json.loads(out.read_text())
-
-
-def case(results: dict, name: str) -> dict:
-    value = results.get(name)
-    assert value is not None, f"case {name} did not run"
-    assert "error" not in value, value.get("error")
-    return value
+def results() -> dict:
+    """Every case of distribute_cases.py, run once in one child with 2 logical CPUs."""
+    return run_script("distribute_cases.py", timeout=TIMEOUT_S)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "graph"])
 def test_loops_match_large_batch_with_ragged_shards(results: dict, mode: str) -> None:
-    out = case(results, "loops_ragged")[mode]
+    out = case_result(results, "loops_ragged")[mode]
     assert out["rel"] <= REL_TOL, out
     # 36 samples, micro-batches of 5 (3 + 2 per replica; the last: 1 + 0), K=2: 3 full
     # windows + 1 flushed.
@@ -67,7 +39,7 @@ def test_loops_match_large_batch_with_ragged_shards(results: dict, mode: str) ->
 
 
 def test_fit_matches_large_batch(results: dict) -> None:
-    out = case(results, "fit_ragged")
+    out = case_result(results, "fit_ragged")
     assert out["rel"] <= REL_TOL, out
     assert out["counters"]["windows_applied"] == 4  # 39 samples, 6 per micro-batch, K=2
     assert out["counters"]["samples_seen"] == 39
@@ -75,14 +47,14 @@ def test_fit_matches_large_batch(results: dict) -> None:
 
 @pytest.mark.parametrize("optimizer", ["global_clipnorm", "clipnorm", "adamw"])
 def test_clipping_sees_the_global_window_gradient(results: dict, optimizer: str) -> None:
-    rel = case(results, "clipping_and_decay")[optimizer]
+    rel = case_result(results, "clipping_and_decay")[optimizer]
     assert rel <= REL_TOL, f"{optimizer}: rel {rel:.3g}"
 
 
 @pytest.mark.parametrize("name", ["k2", "k4"])
 def test_one_gradient_reduction_per_window_independent_of_k(results: dict, name: str) -> None:
     """Counted by an instrumented CrossDeviceOps, eagerly (every reduction runs in Python)."""
-    out = case(results, "reductions")
+    out = case_result(results, "reductions")
     n_vars = out["n_vars"]
     run = out[name]
     k = run["k"]
@@ -100,7 +72,7 @@ def test_one_gradient_reduction_per_window_independent_of_k(results: dict, name:
 
 
 def test_clipping_optimizer_reduces_gradients_with_the_status(results: dict) -> None:
-    out = case(results, "reductions")
+    out = case_result(results, "reductions")
     run, n_vars = out["k4_clip"], out["n_vars"]
     # Gradients + status in accumcore's batch (so that clipping sees the global gradient);
     # the optimizer's all-reduce then adds replica 0's gradient to exact zeros.
@@ -108,7 +80,7 @@ def test_clipping_optimizer_reduces_gradients_with_the_status(results: dict) -> 
 
 
 def test_nonfinite_shard_skips_the_window_on_every_replica(results: dict) -> None:
-    out = case(results, "nonfinite_shard")["skip_window"]
+    out = case_result(results, "nonfinite_shard")["skip_window"]
     counters = out["counters"]
     assert counters["windows_skipped"] == 1 and counters["windows_applied"] == 2
     assert counters["samples_seen"] - counters["samples_dropped"] == 12  # windows 2 and 3
@@ -117,20 +89,20 @@ def test_nonfinite_shard_skips_the_window_on_every_replica(results: dict) -> Non
 
 
 def test_nonfinite_raise_under_a_strategy(results: dict) -> None:
-    out = case(results, "nonfinite_shard")["raise"]
+    out = case_result(results, "nonfinite_shard")["raise"]
     assert out["raised"], "NonFiniteGradientError not raised"
     assert out["micro_step"] == 1 and out["window_position"] == 1
 
 
 def test_mixed_float16_under_mirrored_strategy(results: dict) -> None:
-    out = case(results, "mixed_precision")
+    out = case_result(results, "mixed_precision")
     assert out["clean"]["rel"] <= MIXED_TOL, out["clean"]
     assert out["clean"]["counters"]["windows_skipped"] == 0
     assert out["clean"]["scale"] == 2**15
 
 
 def test_overflow_on_one_replica_skips_the_window_everywhere(results: dict) -> None:
-    out = case(results, "mixed_precision")["overflow"]
+    out = case_result(results, "mixed_precision")["overflow"]
     counters = out["counters"]
     assert counters["windows_skipped"] == 1 and counters["windows_applied"] == 2
     assert counters["samples_dropped"] == 32 and counters["samples_seen"] == 96

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import (
+from helpers import (
     ENTRIES,
     LOSS,
     OPTIMIZERS,
+    REL_TOL,
     assert_matches_reference,
+    make_data,
     reference_weights,
     small_mlp,
     train_entry,
@@ -20,15 +24,23 @@ import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
 
 
+@functools.cache
+def large_batch(opt_name: str, micro: int, k: int, epochs: int = 1) -> tuple[list, list]:
+    """``reference_weights`` on the ``data`` fixture's samples (``make_data()``), trained once
+    per setting and shared by every entry point compared with it: the reference does not depend
+    on the entry point under test. Read-only (initial weights, final weights)."""
+    x, y = make_data()
+    return reference_weights(OPTIMIZERS[opt_name], x, y, None, micro=micro, k=k, epochs=epochs)
+
+
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_entry_point_matches_large_batch_for_every_optimizer(entry, opt_name, data):
     # 40 samples, micro-batches of 8, K=3: windows of 24 and 16 (partial, flushed with its true
     # weight), two epochs: 4 updates, so schedules, Adam's counter and momentum are exercised.
     x, y = data
-    make_opt = OPTIMIZERS[opt_name]
-    initial, reference = reference_weights(make_opt, x, y, None, micro=8, k=3, epochs=2)
-    model = train_entry(entry, make_opt, x, y, None, micro=8, k=3, epochs=2)
+    initial, reference = large_batch(opt_name, micro=8, k=3, epochs=2)
+    model = train_entry(entry, OPTIMIZERS[opt_name], x, y, None, micro=8, k=3, epochs=2)
     assert_matches_reference(model, initial, reference)
 
 
@@ -36,9 +48,8 @@ def test_entry_point_matches_large_batch_for_every_optimizer(entry, opt_name, da
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_any_k_matches_large_batch(entry, k, data):
     x, y = data
-    make_opt = OPTIMIZERS["adam"]
-    initial, reference = reference_weights(make_opt, x, y, None, micro=6, k=k)
-    model = train_entry(entry, make_opt, x, y, None, micro=6, k=k)
+    initial, reference = large_batch("adam", micro=6, k=k)
+    model = train_entry(entry, OPTIMIZERS["adam"], x, y, None, micro=6, k=k)
     assert_matches_reference(model, initial, reference)
 
 
@@ -47,9 +58,8 @@ def test_ragged_window_16_16_8_equals_batch_of_40(entry, data):
     # The issue's headline case: one window of micro-batches 16 + 16 + 8 vs one batch of 40.
     # A recipe that averages the K micro-batch means gives rel ~0.5 here.
     x, y = data
-    make_opt = OPTIMIZERS["sgd"]
-    initial, reference = reference_weights(make_opt, x, y, None, micro=16, k=3)
-    model = train_entry(entry, make_opt, x, y, None, micro=16, k=3)
+    initial, reference = large_batch("sgd", micro=16, k=3)
+    model = train_entry(entry, OPTIMIZERS["sgd"], x, y, None, micro=16, k=3)
     assert_matches_reference(model, initial, reference)
 
 
@@ -70,7 +80,7 @@ def test_mean_of_micro_batch_means_would_fail_this_tolerance(data):
         g = tape.gradient(loss, model.trainable_variables)
         grads = g if grads is None else [a + b for a, b in zip(grads, g)]
     opt.apply([g / 3 for g in grads], model.trainable_variables)
-    assert relative_error(get_weights(model), reference, initial) > 100 * 1e-4
+    assert relative_error(get_weights(model), reference, initial) > 100 * REL_TOL
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -169,7 +179,7 @@ def test_per_token_counts_match_large_batch(mode):
                               accum_steps=3, normalizer=valid_tokens)
     trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), mode=mode, verbose=0)
     rel = relative_error(get_weights(model), reference, initial)
-    assert rel <= 1e-4, rel  # REL_TOL, see conftest
+    assert rel <= REL_TOL, rel
 
     # Mean of per-micro-batch token means (the classic bug) is measurably wrong here.
     wrong = token_model()
@@ -215,5 +225,5 @@ def test_sparse_embedding_gradients_get_the_dense_update(opt_name):
 
     accumcore_gap = relative_error(get_weights(model), dense, initial)
     keras_gap = relative_error(get_weights(keras_model), dense, initial)
-    assert accumcore_gap <= 1e-4, accumcore_gap  # REL_TOL: round-off only
+    assert accumcore_gap <= REL_TOL, accumcore_gap  # round-off only
     assert keras_gap > 0.3, keras_gap  # measured ~1.2 here: not round-off

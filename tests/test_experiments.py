@@ -7,6 +7,7 @@ import functools
 import keras
 import numpy as np
 import pytest
+from helpers import REL_TOL
 
 from accumcore.lab import experiments as ex
 
@@ -70,7 +71,7 @@ def test_train_compare_accumulation_tracks_the_large_batch_not_the_small_one(dat
         far = ex.max_curve_gap(getattr(big, curve), getattr(small, curve))
         assert near < CURVE_TOL
         assert far > 100 * CURVE_TOL
-    assert ex.relative_error(acc.final_weights, big.final_weights, big.initial_weights) < 1e-4
+    assert ex.relative_error(acc.final_weights, big.final_weights, big.initial_weights) < REL_TOL
 
 
 def test_train_compare_rejects_checkpoints_inside_windows(data):

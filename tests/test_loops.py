@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, OPTIMIZERS, small_mlp
+from helpers import LOSS, OPTIMIZERS, small_mlp
 
 import accumcore as ac
 

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, OPTIMIZERS, REL_TOL, small_mlp
+from helpers import LOSS, OPTIMIZERS, REL_TOL, small_mlp
 
 import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error

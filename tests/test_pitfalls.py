@@ -13,12 +13,13 @@ import functools
 import keras
 import numpy as np
 import pytest
+from helpers import REL_TOL
 
 from accumcore.lab import experiments, pitfalls
 
-# float32 round-off of one correct accumulated run measures ~1e-7..3e-5 (Adam amplifies the
-# round-off of near-zero gradient entries); every bug below is >= 1e-2.
-EXACT = 1e-4
+# REL_TOL (tests/helpers.py): float32 round-off of one correct accumulated run measures
+# ~1e-7..3e-5 (Adam amplifies the round-off of near-zero gradient entries); every bug below
+# is >= 1e-2.
 K = 4
 
 
@@ -81,16 +82,16 @@ def test_reference_is_cached_and_replace_drops_it(two_windows):
 @pytest.mark.parametrize("name", ["two_windows", "partial", "ragged"])
 def test_accumcore_and_correct_loop_are_exact(name, request):
     p = request.getfixturevalue(name)
-    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < EXACT
-    assert pitfalls.measure(p, pitfalls.correct_loop) < EXACT
+    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < REL_TOL
+    assert pitfalls.measure(p, pitfalls.correct_loop) < REL_TOL
 
 
 def test_token_problem_is_ragged_in_tokens_and_accumcore_is_exact():
     p = pitfalls.token_problem()
     tokens = [pitfalls.batch_weight(p, b) for b in p.micro_batches]
     assert max(tokens) > 2 * min(tokens)
-    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < EXACT
-    assert pitfalls.measure(p, pitfalls.correct_loop) < EXACT
+    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < REL_TOL
+    assert pitfalls.measure(p, pitfalls.correct_loop) < REL_TOL
     assert pitfalls.measure(p, pitfalls.mean_of_means) > 0.05
 
 
@@ -121,19 +122,19 @@ def test_reset_at_the_wrong_time(two_windows, recipe):
 def test_never_reset_is_harmless_for_a_single_window(data):
     # The bug appears only from the second window on: a control that the recipe is otherwise
     # right.
-    assert pitfalls.measure(problem(data, [16] * K), pitfalls.never_reset) < EXACT
+    assert pitfalls.measure(problem(data, [16] * K), pitfalls.never_reset) < REL_TOL
 
 
 @pytest.mark.parametrize("recipe", [pitfalls.partial_window_dropped,
                                     pitfalls.partial_window_divided_by_k,
                                     pitfalls.tf_function_epoch_divide_by_k])
 def test_partial_window_recipes_break_only_with_a_partial_window(two_windows, partial, recipe):
-    assert pitfalls.measure(two_windows, recipe) < EXACT
+    assert pitfalls.measure(two_windows, recipe) < REL_TOL
     assert pitfalls.measure(partial, recipe) > 0.05
 
 
 def test_mean_of_means_breaks_only_with_ragged_micro_batches(two_windows, ragged):
-    assert pitfalls.measure(two_windows, pitfalls.mean_of_means) < EXACT
+    assert pitfalls.measure(two_windows, pitfalls.mean_of_means) < REL_TOL
     assert pitfalls.measure(ragged, pitfalls.mean_of_means) > 0.05
 
 
@@ -152,10 +153,10 @@ def test_apply_every_micro_step_breaks_every_stateful_optimizer(two_windows, nam
     p = two_windows.replace(make_optimizer=OPTIMIZERS[name])
     rel = pitfalls.measure(p, pitfalls.apply_every_micro_step)
     if name == "sgd":
-        assert rel < EXACT  # zero gradients move nothing: plain SGD hides the bug
+        assert rel < REL_TOL  # zero gradients move nothing: plain SGD hides the bug
     else:
         assert rel > 0.05
-    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < EXACT
+    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < REL_TOL
 
 
 @pytest.mark.parametrize("name", ["sgd", "schedule", "weight_decay"])
@@ -165,7 +166,7 @@ def test_keras_gradient_accumulation_steps(two_windows, ragged, partial, name):
     if name == "schedule":
         assert rel > 0.05  # the schedule is evaluated at Keras's micro-step counter
     else:
-        assert rel < EXACT
+        assert rel < REL_TOL
     if name == "sgd":
         assert pitfalls.measure(ragged, pitfalls.keras_gradient_accumulation) > 0.05  # 1/K
         # the partial window stays in Keras's accumulators: as if dropped
@@ -176,7 +177,7 @@ def test_keras_gradient_accumulation_steps(two_windows, ragged, partial, name):
 def test_clip_per_micro_batch(two_windows):
     p = two_windows.replace(make_optimizer=lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.2))
     assert pitfalls.measure(p, pitfalls.clip_per_micro_batch) > 0.02
-    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < EXACT
+    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < REL_TOL
     with pytest.raises(ValueError, match="global_clipnorm"):
         pitfalls.clip_per_micro_batch(two_windows)
 
@@ -186,7 +187,7 @@ def test_clip_before_unscale_vanishes_the_update(two_windows):
         keras.optimizers.SGD(0.1, global_clipnorm=0.2)))
     # clipped at 0.2 in units scaled by 2**15, i.e. 6e-6 after unscaling: no update left.
     assert pitfalls.measure(p, pitfalls.clip_before_unscale) == pytest.approx(1.0, abs=1e-3)
-    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < EXACT
+    assert pitfalls.measure(p, pitfalls.accumcore_recipe) < REL_TOL
 
 
 def test_sum_raw_gradients_train_step(data, two_windows):
@@ -219,7 +220,7 @@ def test_batchnorm_gap_is_real_and_moving_statistics_move_k_times(data):
     assert gap["moving_statistics"] > 1.0
     no_bn = p.replace(build_model=functools.partial(experiments.conv_net, (8, 8, 1),
                                                     filters=(4,)))
-    assert pitfalls.measure(no_bn, pitfalls.accumcore_recipe) < EXACT  # control: BN is the cause
+    assert pitfalls.measure(no_bn, pitfalls.accumcore_recipe) < REL_TOL  # control: BN is the cause
 
 
 def test_dropout_gap_is_of_the_order_of_a_different_dropout_seed(data):
@@ -261,8 +262,8 @@ def test_embedding_keras_sparse_step_vs_dense_update(name):
     tokens = np.concatenate([b[0] for b in p.large_batches()[0:1]])
     assert len(np.unique(tokens)) < tokens.size / 4  # many repeated token ids per batch
     gap = pitfalls.embedding_gap(p)
-    assert gap["accumcore_vs_dense"] < EXACT  # accumcore's update is the dense one
+    assert gap["accumcore_vs_dense"] < REL_TOL  # accumcore's update is the dense one
     if name == "sgd":  # SGD is linear in the gradient: sparse rows sum to the dense row
-        assert gap["keras_vs_dense"] < EXACT
+        assert gap["keras_vs_dense"] < REL_TOL
     else:  # squared statistics of repeated rows: sum of squares, not square of the sum
         assert gap["keras_vs_dense"] > 1e-2

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from conftest import LOSS, OPTIMIZERS, REL_TOL, small_mlp
+from helpers import LOSS, OPTIMIZERS, REL_TOL, small_mlp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -13,7 +13,8 @@ What each test would catch is said in its docstring.
 from __future__ import annotations
 
 import pytest
-from reliability_scenarios import bitwise_equal, load, weights_of
+from helpers import bitwise_equal
+from reliability_scenarios import load, weights_of
 
 # The scenario subprocess (shared with test_determinism.py) takes ~45 s of CPU: deselected by
 # `-k "not slow"`, always run by CI (`pytest tests`).

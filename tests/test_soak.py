@@ -26,7 +26,7 @@ N, MICRO, K, EPOCHS = 72, 16, 3, 20
 SIZES = [min(MICRO, N - s) for s in range(0, N, MICRO)]  # [16, 16, 16, 16, 8] per epoch
 LOSS = "sparse_categorical_crossentropy"
 
-# ~20 s of CPU: deselected by `-k "not slow"`, always run by CI (`pytest tests`).
+# ~20 s of CPU: deselected by `-m "not slow"`, always run by CI (`pytest tests`).
 pytestmark = pytest.mark.slow
 
 

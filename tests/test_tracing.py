@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import tensorflow as tf
-from conftest import small_mlp
+from helpers import small_mlp
 
 import accumcore as ac
 

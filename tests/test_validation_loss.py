@@ -5,7 +5,7 @@ from __future__ import annotations
 import keras
 import numpy as np
 import pytest
-from conftest import LOSS, small_mlp
+from helpers import LOSS, small_mlp
 
 import accumcore as ac
 

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, REL_TOL, small_mlp
+from helpers import LOSS, REL_TOL, small_mlp
 
 import accumcore as ac
 from accumcore import loss_scaling

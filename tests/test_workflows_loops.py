@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
+from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
 
 import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
@@ -38,14 +38,21 @@ def _freeze_first(model: keras.Model, frozen: bool = True) -> None:
 
 
 # ---------------------------------------------------------------------------- fine-tuning
-def _plain_fine_tuning(x, y) -> tuple[list, list]:
-    """Independent reference: plain Keras at batch K*b: freeze, fit, unfreeze, compile, fit."""
+def _plain_frozen_epoch(x, y) -> tuple[keras.Model, list]:
+    """Plain Keras at batch K*b: freeze the hidden layer, compile, fit one epoch, unfreeze (not
+    recompiled). Returns the model and its initial weights."""
     model = small_mlp()
     initial = get_weights(model)
     _freeze_first(model)
     model.compile(_adam(), LOSS)
     model.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
     _freeze_first(model, False)
+    return model, initial
+
+
+def _plain_fine_tuning(x, y) -> tuple[list, list]:
+    """Independent reference: plain Keras at batch K*b: freeze, fit, unfreeze, compile, fit."""
+    model, initial = _plain_frozen_epoch(x, y)
     model.compile(_adam(), LOSS)
     model.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
     return initial, get_weights(model)
@@ -121,12 +128,7 @@ def test_unfreezing_without_compile_keeps_the_traced_set_as_keras_does(data):
     # `compile` is called again; AccumModel does the same, and its end-of-epoch flush applies
     # each window to the variables it was accumulated for.
     x, y = data
-    plain = small_mlp()
-    initial = get_weights(plain)
-    _freeze_first(plain)
-    plain.compile(_adam(), LOSS)
-    plain.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
-    _freeze_first(plain, False)
+    plain, initial = _plain_frozen_epoch(x, y)
     plain.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
     assert np.array_equal(get_weights(plain)[0], initial[0])  # Keras: still frozen
 
@@ -324,7 +326,7 @@ def _sgd_small() -> keras.optimizers.Optimizer:
 
 @pytest.mark.parametrize("entry", ("eager", "function", "graph", "window_step", "fit"))
 def test_sum_reduction_is_exact(entry, data):
-    from conftest import train_entry
+    from helpers import train_entry
 
     x, y = data
     initial, reference = reference_weights(_sgd_small, x, y, None, micro=MICRO, k=K,

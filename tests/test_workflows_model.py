@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import LOSS, OPTIMIZERS, REL_TOL, small_mlp
+from helpers import LOSS, OPTIMIZERS, REL_TOL, small_mlp
 
 import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
@@ -223,7 +223,9 @@ def _dense(units: int, seed: int, **kwargs) -> keras.layers.Dense:
                               **kwargs)
 
 
-class PlainNet(keras.Model):
+class _TwoDense:
+    """8 -> 16 (tanh) -> 3 (softmax), seeded, built on the first call; mixed into a model class."""
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.hidden = _dense(16, 1, activation="tanh")
@@ -233,14 +235,12 @@ class PlainNet(keras.Model):
         return self.head(self.hidden(x))
 
 
-class AccumNet(ac.AccumModel):
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.hidden = _dense(16, 1, activation="tanh")
-        self.head = _dense(3, 2, activation="softmax")
+class PlainNet(_TwoDense, keras.Model):
+    pass
 
-    def call(self, x):
-        return self.head(self.hidden(x))
+
+class AccumNet(_TwoDense, ac.AccumModel):
+    pass
 
 
 @pytest.mark.parametrize("how", ["fit", "train_on_batch"])
