@@ -303,6 +303,16 @@ MINIMAL_VARIANTS: dict[str, str] = {
 }
 
 
+def graph_op_types(concrete: Any) -> dict[str, int]:
+    """``{op type: count}`` over the same nodes as :func:`graph_op_count` (most frequent first)."""
+    graph_def = concrete.graph.as_graph_def()
+    types: dict[str, int] = {}
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    for node in nodes:
+        types[node.op] = types.get(node.op, 0) + 1
+    return dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def graph_op_count(concrete: Any) -> int:
     """Graph operations of a traced ``tf.function`` (a ``ConcreteFunction``), nested included.
 
@@ -343,7 +353,8 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
     Returns:
         One record per entry point: ``entry``, ``model``, ``ops``, ``variant`` (the minimal
         variant compared with), ``minimal_ops``, ``ratio`` = ops / minimal_ops and ``target``
-        (whether the :data:`OPS_RATIO_TARGET` applies).
+        (whether the :data:`OPS_RATIO_TARGET` applies), ``extra_op_types`` = ``{op type:
+        count over the minimal's}`` (negative: fewer), largest first.
     """
     x, y = benchmark_data(kind, b * k, "synthetic")
     x_spec = tf.TensorSpec((None, *INPUT_SHAPES[_check_kind(kind)]), tf.float32)
@@ -355,42 +366,48 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
         return build_model(kind, filters=filters, **kw)
 
     mini = minimal_cls(model(), keras.optimizers.Adam(1e-3), LOSS, k)
-    minimal = {
-        "step": graph_op_count(mini.step.get_concrete_function(x_spec, y_spec)),
-        "epoch": graph_op_count(mini.epoch.get_concrete_function(ds)),
-        "window": graph_op_count(mini.window.get_concrete_function(xw, yw)),
+    minimal_fns = {
+        "step": mini.step.get_concrete_function(x_spec, y_spec),
+        "epoch": mini.epoch.get_concrete_function(ds),
+        "window": mini.window.get_concrete_function(xw, yw),
     }
-    counts: dict[str, int] = {}
+    minimal = {v: graph_op_count(fn) for v, fn in minimal_fns.items()}
+    minimal_types = {v: graph_op_types(fn) for v, fn in minimal_fns.items()}
+    counts: dict[str, Any] = {}  # entry -> ConcreteFunction
 
     def train_step_ops(m: keras.Model, optimizer: keras.optimizers.Optimizer) -> int:
         m.compile(optimizer, LOSS, jit_compile=False)
         m.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)  # builds every variable
-        return graph_op_count(tf.function(m.train_step).get_concrete_function((x_spec, y_spec)))
+        return tf.function(m.train_step).get_concrete_function((x_spec, y_spec))
 
     names = list(OP_ENTRIES)
     counts[names[0]] = train_step_ops(model(model_cls=AccumModel, accum_steps=k),
                                       keras.optimizers.Adam(1e-3))
     trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
     trainer.fit(ds, epochs=1, mode="function", verbose=0)
-    counts[names[1]] = graph_op_count(
-        _private_fn(trainer, "_micro_fn").get_concrete_function(x_spec, y_spec, None))
+    counts[names[1]] = _private_fn(trainer, "_micro_fn").get_concrete_function(
+        x_spec, y_spec, None)
     trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
     trainer.fit(ds, epochs=1, mode="graph", verbose=0)
-    counts[names[2]] = graph_op_count(
-        _private_fn(trainer, "_epoch_fn").get_concrete_function(ds))
+    counts[names[2]] = _private_fn(trainer, "_epoch_fn").get_concrete_function(ds)
     trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
     trainer.window_step(xw, yw)
-    counts[names[3]] = graph_op_count(
-        _private_fn(trainer, "_window_fn").get_concrete_function(xw, yw, None))
+    counts[names[3]] = _private_fn(trainer, "_window_fn").get_concrete_function(xw, yw, None)
     counts[names[4]] = train_step_ops(model(), keras.optimizers.Adam(1e-3))
     counts[names[5]] = train_step_ops(
         model(), keras.optimizers.Adam(1e-3, gradient_accumulation_steps=k))
     records = []
-    for entry, ops in counts.items():
+    for entry, concrete in counts.items():
         variant, target = OP_ENTRIES[entry]
+        ops = graph_op_count(concrete)
+        types = graph_op_types(concrete)
+        extra = {t: n - minimal_types[variant].get(t, 0) for t, n in types.items()}
+        extra.update({t: -n for t, n in minimal_types[variant].items() if t not in types})
         records.append({"entry": entry, "model": kind, "ops": ops, "variant": variant,
                         "minimal_ops": minimal[variant], "ratio": ops / minimal[variant],
-                        "target": target, "micro_batch": b, "accum_steps": k})
+                        "target": target, "micro_batch": b, "accum_steps": k,
+                        "extra_op_types": dict(sorted(
+                            ((t, n) for t, n in extra.items() if n), key=lambda kv: -kv[1]))})
     return records
 
 
