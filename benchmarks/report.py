@@ -199,6 +199,13 @@ def _ops_section(results: dict[str, Any]) -> list[str]:
         lines.append(f"| {r['model']} | {r['entry']} | {r['ops']} | "
                      f"{bm.MINIMAL_VARIANTS[r['variant']]} | {r['minimal_ops']} | "
                      f"{r['ratio']:.2f} | {verdict} |")
+    lines.append("")
+    for r in recs:
+        extra = r.get("extra_op_types")
+        if r["target"] and extra:
+            top = ", ".join(f"{t} {n:+d}" for t, n in list(extra.items())[:10])
+            lines.append(f"- {r['model']} {r['entry']}, op types added over the minimal "
+                         f"(largest first): {top}")
     return lines
 
 
