@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${PYTHON:-python3}"
-PARTS="${1:-tracing,memory,probe,throughput,breakdown}"
+PARTS="${1:-tracing,ops,memory,probe,throughput,breakdown}"
 OUT=benchmarks/results/gpu
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 

@@ -42,12 +42,16 @@ from accumcore.lab.benchmarking import (
     _dataset,
     benchmark_data,
     build_model,
+    count_ops,
     count_traces,
     evaluate_targets,
     trainable_bytes,
 )
 from accumcore.loops import AccumTrainer
 from accumcore.model import AccumModel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from minimal import MinimalAccumulator  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- settings
@@ -62,12 +66,18 @@ class SuiteSettings:
         accum_steps: the K values.
         unit_samples: samples per timed unit, per model (raised to 2 windows of the largest B).
         repeats: timed repeats per configuration (the median is reported; >= 5 in full mode).
+            Every repeat is one round over all configurations of a (model, b), interleaved.
         warmup: untimed runs per configuration before the timed ones (tracing, compilation and
             TensorFlow's own warm-up: the first 2-3 calls of a function are often slower).
         configs: the throughput configurations to time (default: all of :data:`CONFIGS`).
         xla_models_on_cpu: models whose XLA configurations are timed on a CPU (see
             :data:`XLA_CPU_SKIP_REASON`); on a GPU every model's are.
-        steps_per_execution: shared by every ``fit`` configuration.
+        steps_per_execution: shared by every ``fit`` configuration but the ``*_spe`` ones.
+        large_steps_per_execution: ``steps_per_execution`` of ``keras_ga_spe`` and
+            ``accum_fit_spe`` (how Keras users remove per-step overhead on small models).
+        eager_fraction: the eager loop (7) is timed on this fraction of the timed unit
+            (whole windows; at least 2): it is 5-15x slower than the rest and no target.
+        ops_models: models whose graph operations are counted (:func:`count_ops`).
         conv_filters: filters of the throughput conv net.
         memory_micro_batch: b of the memory experiment (samples).
         memory_accum_steps: the K values of the memory experiment.
@@ -91,11 +101,14 @@ class SuiteSettings:
     micro_batches: tuple[int, ...] = (16, 64)
     accum_steps: tuple[int, ...] = (4, 8)
     unit_samples: dict[str, int] = field(default_factory=lambda: {"mlp": 4096, "conv": 1024})
-    repeats: int = 5
+    repeats: int = 7
     warmup: int = 2
     configs: tuple[str, ...] = tuple(CONFIGS)
     xla_models_on_cpu: tuple[str, ...] = ("mlp",)
     steps_per_execution: int = 1
+    large_steps_per_execution: int = 32
+    eager_fraction: float = 0.25
+    ops_models: tuple[str, ...] = ("mlp", "conv")
     conv_filters: tuple[int, ...] = (16, 32)
     memory_micro_batch: int = 64
     memory_accum_steps: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -136,6 +149,7 @@ class SuiteSettings:
             "memory_parallel": 3,
             "tracing_samples": 72,
             "tracing_xla": False,
+            "ops_models": ("mlp",),
             "probe": False,
             "data": "synthetic",
         }
@@ -355,6 +369,8 @@ def throughput_cases(
     *,
     filters: Sequence[int] = (16, 32),
     steps_per_execution: int = 1,
+    large_steps_per_execution: int = 32,
+    eager_fraction: float = 1.0,
     learning_rate: float = 1e-3,
     configs: Iterable[str] = tuple(CONFIGS),
 ) -> list[Case]:
@@ -362,7 +378,9 @@ def throughput_cases(
 
     Case names are the configuration names, suffixed ``@K{k}`` for the K-dependent ones.
     ``x``, ``y`` are the samples of one timed unit (a multiple of every B = K * b). Only the
-    configurations in ``configs`` are built.
+    configurations in ``configs`` are built. The eager loop runs on the first
+    ``eager_fraction`` of the samples (rounded to whole windows, at least 2); its rate is
+    computed from the samples it ran.
     """
     wanted = set(configs)
     unknown = wanted - set(CONFIGS)
@@ -381,8 +399,9 @@ def throughput_cases(
     def adam(**kw: Any) -> keras.optimizers.Optimizer:
         return keras.optimizers.Adam(learning_rate, **kw)
 
-    def compiled(m: keras.Model, opt: keras.optimizers.Optimizer) -> keras.Model:
-        m.compile(opt, LOSS, steps_per_execution=steps_per_execution, jit_compile=False)
+    def compiled(m: keras.Model, opt: keras.optimizers.Optimizer, *, spe: int | None = None,
+                 jit: bool = False) -> keras.Model:
+        m.compile(opt, LOSS, steps_per_execution=spe or steps_per_execution, jit_compile=jit)
         return m
 
     cases = [_fit_case("fit_b", compiled(model(), adam()), ds_b, n)]
@@ -413,15 +432,37 @@ def throughput_cases(
         cases.append(_fit_case(
             "accum_fit" + tag, compiled(model(model_cls=AccumModel, accum_steps=k), adam()),
             ds_b, n))
+        cases.append(_fit_case(
+            "keras_ga_spe" + tag, compiled(model(), adam(gradient_accumulation_steps=k),
+                                           spe=large_steps_per_execution), ds_b, n))
+        cases.append(_fit_case(
+            "accum_fit_spe" + tag, compiled(model(model_cls=AccumModel, accum_steps=k), adam(),
+                                            spe=large_steps_per_execution), ds_b, n))
+        if "accum_fit_xla" in wanted:  # XLA compiles at the first run: build only if timed
+            cases.append(_fit_case(
+                "accum_fit_xla" + tag, compiled(model(model_cls=AccumModel, accum_steps=k),
+                                                adam(), jit=True), ds_b, n))
+        n_eager = max(2, round(n * eager_fraction / (k * b))) * k * b
+        n_eager = min(n, n_eager)
+        ds_eager = _dataset(x[:n_eager], y[:n_eager], b)
         for mode in ("function", "graph", "eager"):
             trainer = AccumTrainer(model(), adam(), LOSS, accum_steps=k)
             name = "eager" if mode == "eager" else f"loop_{mode}"
+            data = ds_eager if mode == "eager" else ds_b
             cases.append(Case(
                 name + tag,
-                (lambda t=trainer, md=mode: _timed(
-                    lambda: t.fit(ds_b, epochs=1, mode=md, verbose=0))),
-                n,
+                (lambda t=trainer, md=mode, d=data: _timed(
+                    lambda: t.fit(d, epochs=1, mode=md, verbose=0))),
+                n_eager if mode == "eager" else n,
             ))
+        # The minimal correct accumulator (9), compiled like (5) and (6): benchmarks/minimal.py.
+        mini = MinimalAccumulator(model(), adam(), LOSS, k)
+        cases.append(Case("minimal_function" + tag, lambda m=mini: _timed(
+            lambda: m.fit_epoch(ds_b)), n))
+        cases.append(Case("minimal_graph" + tag, lambda m=mini: _timed(
+            lambda: float(m.epoch(ds_b))), n))
+        mini_w = MinimalAccumulator(model(), adam(), LOSS, k)
+        cases.append(Case("minimal_window" + tag, loop(mini_w.window, ds_big), n))
         for name, jit in (("window", False), ("window_xla", True)):
             trainer = AccumTrainer(model(), adam(), LOSS, accum_steps=k, jit_compile=jit)
             cases.append(Case(name + tag, loop(trainer.window_step, ds_big), n))
@@ -454,6 +495,9 @@ def run_throughput(settings: SuiteSettings, progress: Callable[[str], None] = pr
             cases = throughput_cases(kind, b, settings.accum_steps, x, y,
                                      filters=settings.conv_filters,
                                      steps_per_execution=settings.steps_per_execution,
+                                     large_steps_per_execution=(
+                                         settings.large_steps_per_execution),
+                                     eager_fraction=settings.eager_fraction,
                                      configs=configs)
             timed = interleaved_medians(cases, settings.repeats, warmup=settings.warmup,
                                         progress=progress)
@@ -788,6 +832,7 @@ def run_suite(settings: SuiteSettings, *, only: Iterable[str] | None = None,
         "device": settings.resolved_device(),
         "machine": machine_info(),
         "throughput": [], "breakdown": [], "memory": [], "tracing": [], "probe": None,
+        "ops": [],
     }
     # Memory and the probe run in subprocesses and tracing counts do not depend on speed, so
     # the three overlap; the throughput timing then runs alone.
@@ -804,6 +849,17 @@ def run_suite(settings: SuiteSettings, *, only: Iterable[str] | None = None,
             for rec in results["tracing"]:
                 progress(f"  {rec['entry']}: traces per epoch {rec['per_epoch']}")
             progress(f"  tracing done ({time.perf_counter() - t0:.0f} s)")
+        if "ops" in parts:
+            t0 = time.perf_counter()
+            progress("[ops] graph operations per traced step vs the minimal accumulator")
+            for kind in settings.ops_models:
+                recs = count_ops(MinimalAccumulator, kind, filters=settings.conv_filters)
+                results["ops"] += recs
+                for rec in recs:
+                    progress(f"  {kind} {rec['entry']}: {rec['ops']} ops, "
+                             f"{rec['ratio']:.2f} x minimal {rec['variant']}")
+                keras.backend.clear_session()
+            progress(f"  ops done ({time.perf_counter() - t0:.0f} s)")
         if memory is not None:
             results["memory"] = memory.result()
         if probe is not None:

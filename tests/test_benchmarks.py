@@ -15,15 +15,104 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import REL_TOL
+from helpers import (
+    LOSS,
+    OPTIMIZERS,
+    REL_TOL,
+    assert_matches_reference,
+    reference_weights,
+    small_mlp,
+)
 
 import accumcore as ac
 import accumcore.lab.experiments  # noqa: F401
 from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import minimal  # noqa: E402
 import report  # noqa: E402
 import suite  # noqa: E402
+
+
+# ---------------------------------------------------------------------------- the minimal floor
+def _concatenated(x, y, sizes) -> tf.data.Dataset:
+    """Micro-batches of the given (unequal) sizes, in order, as one dataset."""
+    ds, start = None, 0
+    for size in sizes:
+        part = tf.data.Dataset.from_tensors((x[start:start + size], y[start:start + size]))
+        ds = part if ds is None else ds.concatenate(part)
+        start += size
+    return ds
+
+
+@pytest.mark.parametrize("opt", ["adam", "adamw", "sgd_clipnorm"])
+@pytest.mark.parametrize("variant", ["step", "epoch", "window"])
+def test_minimal_accumulator_matches_the_large_batch(data, opt, variant):
+    # The floor (9) is a floor only if it is correct: two windows of K=3 micro-batches of
+    # unequal sizes (4+6+5, 7+3+5) must give the updates of two plain batches of 15 samples,
+    # computed independently by train_on_batch (conftest.reference_weights).
+    x, y = data
+    x, y = x[:30], y[:30]
+    initial, reference = reference_weights(OPTIMIZERS[opt], x, y, None, micro=5, k=3)
+    model = small_mlp()
+    acc = minimal.MinimalAccumulator(model, OPTIMIZERS[opt](), LOSS, accum_steps=3)
+    sizes = [4, 6, 5, 7, 3, 5]
+    if variant == "step":
+        acc.fit_epoch(_concatenated(x, y, sizes))
+    elif variant == "epoch":
+        acc.epoch(_concatenated(x, y, sizes))
+    else:  # one call per window of 15, split in the graph into 4 + 4 + 4 + 3 (K=4)
+        acc = minimal.MinimalAccumulator(model, OPTIMIZERS[opt](), LOSS, accum_steps=4)
+        for s in (slice(0, 15), slice(15, 30)):
+            acc.window(x[s], y[s])
+    assert int(acc.optimizer.iterations.numpy()) == 2
+    assert float(acc.weight.numpy()) == 0.0 and int(acc.count.numpy()) == 0
+    assert_matches_reference(model, initial, reference)
+
+
+def test_minimal_accumulator_holds_a_partial_window(data):
+    x, y = data
+    acc = minimal.MinimalAccumulator(small_mlp(), keras.optimizers.SGD(0.1), LOSS, 3)
+    before = [v.numpy().copy() for v in acc.variables]
+    acc.fit_epoch(_concatenated(x, y, [5, 5]))  # 2 of 3 micro-batches: no update yet
+    assert int(acc.optimizer.iterations.numpy()) == 0
+    assert float(acc.weight.numpy()) == 10.0 and int(acc.count.numpy()) == 2
+    assert all(np.array_equal(b, v.numpy()) for b, v in zip(before, acc.variables))
+
+
+# ---------------------------------------------------------------------------- graph operations
+def test_graph_op_count_counts_both_cond_branches_and_loop_bodies():
+    # Same function, but one cond branch has 4 more nodes (2 Const + 2 Mul): the count must
+    # differ by exactly 4 although that branch is never taken.
+    def make(extra: bool):
+        @tf.function
+        def f(x):
+            def other():
+                return x * 2.0 * 3.0 if extra else x
+
+            return tf.cond(x > 1e9, other, lambda: x + 1.0)
+
+        return f.get_concrete_function(tf.TensorSpec((), tf.float32))
+
+    plain, extra = bm.graph_op_count(make(False)), bm.graph_op_count(make(True))
+    assert extra - plain == 4
+    own = len(make(True).graph.as_graph_def().node)
+    assert extra > own  # the branches live in the function library, counted too
+
+    def loop(n_ops: int):
+        @tf.function
+        def f(n):
+            total = tf.constant(0.0)
+            for i in tf.range(n):
+                v = tf.cast(i, tf.float32)
+                for _ in range(n_ops):
+                    v = v + 1.0
+                total += v
+            return total
+
+        return bm.graph_op_count(f.get_concrete_function(tf.TensorSpec((), tf.int32)))
+
+    assert loop(3) - loop(1) == 4  # 2 more (Const, AddV2) pairs inside the while body
 
 
 # ---------------------------------------------------------------------------- timing
@@ -153,7 +242,9 @@ def fake_results(**changes) -> dict:
     rates = {"fit_b": 100.0, "fit_B": 400.0, "keras_ga": 80.0, "accum_fit": 90.0,
              "loop_function": 60.0, "loop_graph": 190.0, "window": 150.0, "window_xla": 120.0,
              "eager": 10.0, "floor_function": 70.0, "floor_graph": 200.0, "floor_window": 160.0,
-             "floor_window_xla": 130.0, "floor_B": 320.0}
+             "floor_window_xla": 130.0, "floor_B": 320.0, "minimal_function": 75.0,
+             "minimal_graph": 180.0, "minimal_window": 200.0, "keras_ga_spe": 100.0,
+             "accum_fit_spe": 95.0, "accum_fit_xla": 45.0}
     rates.update(changes)
     throughput = []
     for cfg, rate in rates.items():
@@ -178,12 +269,18 @@ def fake_results(**changes) -> dict:
                 "samples": 200, "micro_batch": 16, "accum_steps": 4},
                {"entry": "retracer", "per_epoch": [2, 1, 0], "total": 3, "ok": False,
                 "samples": 200, "micro_batch": 16, "accum_steps": 4}]
+    ops = [{"entry": entry, "model": "mlp", "ops": ops, "variant": variant,
+            "minimal_ops": {"step": 400, "epoch": 440, "window": 450}[variant],
+            "ratio": ops / {"step": 400, "epoch": 440, "window": 450}[variant],
+            "target": target, "micro_batch": 16, "accum_steps": 4}
+           for (entry, (variant, target)), ops in zip(bm.OP_ENTRIES.items(),
+                                                      (580, 640, 620, 700, 350, 430))]
     settings = suite.SuiteSettings.quick_preset()
     return {
         "schema": bm.SCHEMA_VERSION, "created": "2025-01-01T00:00:00", "device": "CPU:0",
         "settings": {**suite.asdict(settings), "repeats": 5}, "machine": suite.machine_info(),
         "throughput": throughput, "memory": memory, "tracing": tracing, "probe": None,
-        "duration_s": 60.0,
+        "ops": ops, "duration_s": 60.0,
     }
 
 
@@ -197,6 +294,12 @@ def test_throughput_ratios_follow_the_issue_definitions():
     assert row["vs_large_batch"] == pytest.approx(190 / 400)
     assert row["large_vs_small"] == pytest.approx(4.0)
     assert row["split_price"] == pytest.approx(160 / 320)  # floor split / unsplit
+    assert row["fit_vs_keras_spe"] == pytest.approx(95 / 100)  # (4)/(3) at large spe
+    assert row["per_minimal"] == pytest.approx(
+        {"loop_function": 60 / 75, "loop_graph": 190 / 180, "window": 150 / 200})
+    assert row["best_vs_minimal"] == "loop_graph"  # the fastest path, against its own minimal
+    assert row["vs_minimal"] == pytest.approx(190 / 180)
+    assert row["fit_xla_vs_fit"] == pytest.approx(45 / 90)
 
 
 def test_targets_are_judged_against_their_thresholds():
@@ -210,11 +313,24 @@ def test_targets_are_judged_against_their_thresholds():
     mem = targets[("accumulation peak <= 1.05 x (plain b + weights)", "accum_window")]
     assert mem["met"] is True and mem["value"] == pytest.approx(63 / 61)
     assert targets[("traces <= 2, none after epoch 1", "retracer")]["met"] is False
+    spe = targets[("(4)/(3) fit vs Keras accumulation, large steps_per_execution",
+                   "mlp b=16 K=4")]
+    assert spe["met"] is False and spe["value"] == pytest.approx(0.95)
+    mini = targets[("best compiled AccumTrainer vs minimal accumulator (9)", "mlp b=16 K=4")]
+    assert mini["met"] is True and mini["value"] == pytest.approx(190 / 180)
+    ops = {cell: t for (name, cell), t in targets.items() if name.startswith("graph ops")}
+    assert ops["mlp AccumModel.fit train_step"]["met"] is True  # 580 / 400 = 1.45
+    assert ops["mlp AccumTrainer.window_step"]["met"] is False  # 700 / 450 = 1.56
+    assert ops["mlp AccumTrainer.fit(mode='graph') epoch"]["value"] == pytest.approx(620 / 440)
+    keras_refs = [t for c, t in ops.items() if "keras" in c]
+    assert len(keras_refs) == 2 and all(t["met"] is None for t in keras_refs)
     # Slower accumulation fails the targets.
     slow = {(t["target"], t["cell"]): t
             for t in bm.evaluate_targets(fake_results(accum_fit=70.0, loop_graph=100.0))}
     assert slow[("(4)/(3) fit vs Keras accumulation", "mlp b=16 K=4")]["met"] is False
     assert slow[("best of (5)/(6) vs floor (8)", "mlp b=16 K=4")]["met"] is False
+    assert slow[("best compiled AccumTrainer vs minimal accumulator (9)",
+                  "mlp b=16 K=4")]["met"] is False  # window 150 / 200 is now the best path
 
 
 def test_memory_target_fails_when_accumulation_grows_with_k():
@@ -239,7 +355,10 @@ def test_report_is_well_formed_and_validates(tmp_path):
     out = write_fake_run(tmp_path, fake_results())
     text = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
     for fragment in ("### Targets", "missed by", "No GPU results yet", "| (4) accumcore "
-                     "AccumModel.fit | 90 (±0 %) |", "![memory](memory.png)", "retracer"):
+                     "AccumModel.fit | 90 (±0 %) |", "![memory](memory.png)", "retracer",
+                     "### Graph operations", "| mlp | AccumTrainer.window_step | 700 | "
+                     "one window per call (split in the graph) | 450 | 1.56 | **no** |",
+                     "(4)/(3) at spe=32", "minimal accumulator: whole-epoch"):
         assert fragment in text, fragment
     assert sorted(n for n in os.listdir(out) if n.endswith(".png")) == [
         "memory.png", "ratios.png", "throughput_mlp.png"]
@@ -261,6 +380,11 @@ def test_validate_outputs_catches_broken_outputs(tmp_path):
     assert any("failed: ValueError: boom" in p for p in problems)
     assert any("ratios.png is not a real PNG" in p for p in problems)
     assert not any("boom" in p for p in report.validate_outputs(out, allow_errors=True))
+    bad_ops = copy.deepcopy(results)
+    bad_ops["ops"] = bad_ops["ops"][:1] + [dict(bad_ops["ops"][1], ops=0)]
+    (tmp_path / "ops").mkdir()
+    problems = report.validate_outputs(write_fake_run(tmp_path / "ops", bad_ops))
+    assert any("no positive count" in p for p in problems)
     os.remove(os.path.join(out, "memory.png"))
     assert any("missing image memory.png" in p for p in report.validate_outputs(out))
 

@@ -26,6 +26,12 @@ Throughput (samples per second; every configuration processes the same in-memory
     ``floor_window`` (one tf.function per window, split in the graph exactly like
     ``window_step``) and ``floor_window_xla``; and ``floor_B``, the same passes *unsplit*
     (one pass of B per call), so that ``floor_window / floor_B`` is what splitting costs.
+    The minimal correct accumulator (9) of ``benchmarks/minimal.py`` (gradient of the summed
+    loss, ``assign_add`` of it and of the weight, a counter, one ``tf.cond`` that applies),
+    compiled like its counterpart (:data:`MINIMAL_OF`): ``minimal_function``,
+    ``minimal_graph`` and ``minimal_window``: the floor for "cost of accumulating". And the
+    ``fit`` variants ``keras_ga_spe`` / ``accum_fit_spe`` (3)/(4) at a large
+    ``steps_per_execution`` (32) and ``accum_fit_xla`` (4) with ``jit_compile=True``.
 
     All configurations of one (model, b) are timed in one process, **interleaved**: every
     repeat runs each configuration once, in a rotated order, so slow phases of a shared machine
@@ -43,6 +49,11 @@ Peak memory (bytes, ``tf.config.experimental.get_memory_info(device)["peak"]``)
     stats are reset after one warm-up step (so weights, optimizer slots and accumulators are
     counted, tracing is not). On CPU the child sets ``TF_CPU_ALLOCATOR_USE_BFC=true``, without
     which TensorFlow keeps no allocator statistics for ``CPU:0``.
+
+Graph operations (a count, independent of machine noise)
+    :func:`count_ops`: the operations of each entry point's traced function (nested functions
+    and both ``tf.cond`` branches included, see :func:`graph_op_count`) against the minimal
+    accumulator's, traced the same way.
 
 Tracing
     How often each compiled function is traced over 3 epochs of a dataset whose last batch is
@@ -81,6 +92,12 @@ CONFIGS: dict[str, tuple[str, str]] = {
     "floor_window": ("8", "floor: tf.function per window"),
     "floor_window_xla": ("8", "floor: per window, XLA"),
     "floor_B": ("8", "floor: one pass at B per call"),
+    "minimal_function": ("9", "minimal accumulator: tf.function per micro-batch"),
+    "minimal_graph": ("9", "minimal accumulator: whole-epoch tf.function"),
+    "minimal_window": ("9", "minimal accumulator: tf.function per window"),
+    "keras_ga_spe": ("3", "fit, Keras gradient_accumulation_steps=K, large steps_per_execution"),
+    "accum_fit_spe": ("4", "accumcore AccumModel.fit, large steps_per_execution"),
+    "accum_fit_xla": ("4", "accumcore AccumModel.fit, jit_compile=True"),
 }
 #: Configurations that depend only on (model, b), not on K.
 K_INDEPENDENT = ("fit_b", "floor_function", "floor_graph")
@@ -91,8 +108,16 @@ FLOOR_OF: dict[str, str] = {
     "window": "floor_window",
     "window_xla": "floor_window_xla",
 }
+#: Each compiled AccumTrainer configuration and the minimal accumulator (9) compiled the same
+#: way (``benchmarks/minimal.py``): the floor for "cost of accumulating".
+MINIMAL_OF: dict[str, str] = {
+    "loop_function": "minimal_function",
+    "loop_graph": "minimal_graph",
+    "window": "minimal_window",
+}
 #: Every accumcore configuration.
-ACCUMCORE_CONFIGS = ("accum_fit", "loop_function", "loop_graph", "window", "window_xla", "eager")
+ACCUMCORE_CONFIGS = ("accum_fit", "accum_fit_spe", "accum_fit_xla", "loop_function",
+                     "loop_graph", "window", "window_xla", "eager")
 #: Memory methods (plain training at K*b, and three ways to accumulate K micro-batches of b).
 MEMORY_METHODS: dict[str, str] = {
     "plain": "plain train_on_batch at B = K*b",
@@ -101,10 +126,12 @@ MEMORY_METHODS: dict[str, str] = {
     "accum_model": "accumcore AccumModel train_step (train_on_batch)",
 }
 #: The experiments of the suite (``run_suite(only=...)``, ``benchmarks/run.py --only``).
-EXPERIMENTS = ("throughput", "breakdown", "memory", "tracing", "probe")
+EXPERIMENTS = ("throughput", "breakdown", "memory", "tracing", "probe", "ops")
 #: Target thresholds of the issue.
 FIT_RATIO_TARGET = 1.0  # (4)/(3): AccumModel.fit at least as fast as Keras's own accumulation
 FLOOR_RATIO_TARGET = 0.95  # best of (5)/(6) over the floor (8): overhead <= 5 %
+MINIMAL_RATIO_TARGET = 0.95  # best compiled AccumTrainer path over the minimal accumulator (9)
+OPS_RATIO_TARGET = 1.5  # graph ops per traced micro-step <= 1.5 x the minimal accumulator's
 MEMORY_RATIO_TARGET = 1.05  # accumulation peak <= 1.05 x (plain b peak + one copy of weights)
 #: Most traces allowed per compiled function over 3 epochs (none after the first).
 MAX_TRACES = 2
@@ -257,6 +284,133 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     return records
 
 
+# ---------------------------------------------------------------------------- graph operations
+#: Entry points whose traced graphs are counted: name -> (minimal variant it is compared with,
+#: whether the 1.5x target applies; Keras's own steps are references, reported only).
+OP_ENTRIES: dict[str, tuple[str, bool]] = {
+    "AccumModel.fit train_step": ("step", True),
+    "AccumTrainer.fit(mode='function') micro-step": ("step", True),
+    "AccumTrainer.fit(mode='graph') epoch": ("epoch", True),
+    "AccumTrainer.window_step": ("window", True),
+    "keras.Model.fit train_step (no accumulation)": ("step", False),
+    "keras.Model.fit train_step, gradient_accumulation_steps=K": ("step", False),
+}
+#: What each minimal variant is (``benchmarks/minimal.py``).
+MINIMAL_VARIANTS: dict[str, str] = {
+    "step": "one micro-batch per call",
+    "epoch": "a whole dataset per call (while loop over the iterator)",
+    "window": "one window per call (split in the graph)",
+}
+
+
+def graph_op_types(concrete: Any) -> dict[str, int]:
+    """``{op type: count}`` over the same nodes as :func:`graph_op_count` (most frequent first)."""
+    graph_def = concrete.graph.as_graph_def()
+    types: dict[str, int] = {}
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    for node in nodes:
+        types[node.op] = types.get(node.op, 0) + 1
+    return dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def graph_op_count(concrete: Any) -> int:
+    """Graph operations of a traced ``tf.function`` (a ``ConcreteFunction``), nested included.
+
+    The count is ``len(graph_def.node)`` of the function's own graph plus ``len(node_def)`` of
+    every function in that GraphDef's library: the branches of each ``tf.cond`` (both are
+    counted, whichever runs), the condition and body of each ``tf.while_loop``, and any nested
+    ``tf.function``. Nodes are counted as traced, before Grappler's graph optimisations (which
+    prune and fold some of them at run time); the count depends on the model's layers and the
+    optimizer, not on the batch size.
+    """
+    graph_def = concrete.graph.as_graph_def()
+    return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
+
+
+def _private_fn(trainer: AccumTrainer, name: str) -> Any:
+    fn = getattr(trainer, name, None)
+    if fn is None:
+        raise AttributeError(f"AccumTrainer has no traced function {name!r}: the op count "
+                             "reads it after one run of the entry point; update "
+                             "accumcore.lab.benchmarking.count_ops to the new name.")
+    return fn
+
+
+def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k: int = 4,
+              filters: Sequence[int] = (16, 32)) -> list[dict[str, Any]]:
+    """Graph operations of every entry point in :data:`OP_ENTRIES` and of the minimal one.
+
+    Each entry point is run once on synthetic data (so every variable exists), then its traced
+    function is counted with :func:`graph_op_count`: ``AccumModel.fit``'s ``train_step`` and
+    Keras's (traced in a ``tf.function`` of their own, for one batch ``(x, y)`` with the batch
+    dimension unknown), the ``tf.function`` micro-step that ``AccumTrainer.fit(mode="function")``
+    calls, the whole-epoch function of ``mode="graph"`` (one traced micro-step inside a while
+    loop) and ``window_step`` 's function for one window of K * b samples (one traced micro-step
+    inside a loop over the K slices, plus one update). Each is compared with the minimal
+    accumulator ``minimal_cls`` (``benchmarks/minimal.MinimalAccumulator``) traced the same way.
+    Adam(1e-3) throughout.
+
+    Returns:
+        One record per entry point: ``entry``, ``model``, ``ops``, ``variant`` (the minimal
+        variant compared with), ``minimal_ops``, ``ratio`` = ops / minimal_ops and ``target``
+        (whether the :data:`OPS_RATIO_TARGET` applies), ``extra_op_types`` = ``{op type:
+        count over the minimal's}`` (negative: fewer), largest first.
+    """
+    x, y = benchmark_data(kind, b * k, "synthetic")
+    x_spec = tf.TensorSpec((None, *INPUT_SHAPES[_check_kind(kind)]), tf.float32)
+    y_spec = tf.TensorSpec((None,), tf.int32)
+    ds = _dataset(x, y, b)
+    xw, yw = tf.constant(x), tf.constant(y)
+
+    def model(**kw: Any) -> keras.Model:
+        return build_model(kind, filters=filters, **kw)
+
+    mini = minimal_cls(model(), keras.optimizers.Adam(1e-3), LOSS, k)
+    minimal_fns = {
+        "step": mini.step.get_concrete_function(x_spec, y_spec),
+        "epoch": mini.epoch.get_concrete_function(ds),
+        "window": mini.window.get_concrete_function(xw, yw),
+    }
+    minimal = {v: graph_op_count(fn) for v, fn in minimal_fns.items()}
+    minimal_types = {v: graph_op_types(fn) for v, fn in minimal_fns.items()}
+    counts: dict[str, Any] = {}  # entry -> ConcreteFunction
+
+    def train_step_ops(m: keras.Model, optimizer: keras.optimizers.Optimizer) -> int:
+        m.compile(optimizer, LOSS, jit_compile=False)
+        m.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)  # builds every variable
+        return tf.function(m.train_step).get_concrete_function((x_spec, y_spec))
+
+    names = list(OP_ENTRIES)
+    counts[names[0]] = train_step_ops(model(model_cls=AccumModel, accum_steps=k),
+                                      keras.optimizers.Adam(1e-3))
+    trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
+    trainer.fit(ds, epochs=1, mode="function", verbose=0)
+    counts[names[1]] = _private_fn(trainer, "_micro_fn").get_concrete_function(
+        x_spec, y_spec, None)
+    trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
+    trainer.fit(ds, epochs=1, mode="graph", verbose=0)
+    counts[names[2]] = _private_fn(trainer, "_epoch_fn").get_concrete_function(ds)
+    trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
+    trainer.window_step(xw, yw)
+    counts[names[3]] = _private_fn(trainer, "_window_fn").get_concrete_function(xw, yw, None)
+    counts[names[4]] = train_step_ops(model(), keras.optimizers.Adam(1e-3))
+    counts[names[5]] = train_step_ops(
+        model(), keras.optimizers.Adam(1e-3, gradient_accumulation_steps=k))
+    records = []
+    for entry, concrete in counts.items():
+        variant, target = OP_ENTRIES[entry]
+        ops = graph_op_count(concrete)
+        types = graph_op_types(concrete)
+        extra = {t: n - minimal_types[variant].get(t, 0) for t, n in types.items()}
+        extra.update({t: -n for t, n in minimal_types[variant].items() if t not in types})
+        records.append({"entry": entry, "model": kind, "ops": ops, "variant": variant,
+                        "minimal_ops": minimal[variant], "ratio": ops / minimal[variant],
+                        "target": target, "micro_batch": b, "accum_steps": k,
+                        "extra_op_types": dict(sorted(
+                            ((t, n) for t, n in extra.items() if n), key=lambda kv: -kv[1]))})
+    return records
+
+
 # ---------------------------------------------------------------------------- analysis
 def _median(results: dict, model: str, b: int, k: int | None, config: str) -> float | None:
     for rec in results.get("throughput", []):
@@ -298,6 +452,9 @@ def throughput_ratios(results: dict) -> list[dict[str, Any]]:
             return num / den if num and den else None
 
         per_floor = {c: ratio(med(c), med(f)) for c, f in FLOOR_OF.items()}
+        per_minimal = {c: ratio(med(c), med(f)) for c, f in MINIMAL_OF.items()}
+        fast = {c: med(c) for c in MINIMAL_OF if med(c) and med(MINIMAL_OF[c])}
+        best_vs_minimal = max(fast, key=fast.get) if fast else None
         compiled = {c: med(c) for c in FLOOR_OF if med(c)}
         best_compiled = max(compiled, key=compiled.get) if compiled else None
         accum = {c: med(c) for c in ACCUMCORE_CONFIGS if med(c)}
@@ -305,6 +462,11 @@ def throughput_ratios(results: dict) -> list[dict[str, Any]]:
         rows.append({
             "model": model, "micro_batch": b, "accum_steps": k, "batch": b * k,
             "fit_vs_keras": ratio(med("accum_fit"), med("keras_ga")),
+            "fit_vs_keras_spe": ratio(med("accum_fit_spe"), med("keras_ga_spe")),
+            "fit_xla_vs_fit": ratio(med("accum_fit_xla"), med("accum_fit")),
+            "best_vs_minimal": best_vs_minimal,
+            "vs_minimal": per_minimal.get(best_vs_minimal) if best_vs_minimal else None,
+            "per_minimal": per_minimal,
             "best_compiled": best_compiled,
             "vs_floor": per_floor.get(best_compiled) if best_compiled else None,
             "per_floor": per_floor,
@@ -348,17 +510,37 @@ def evaluate_targets(results: dict) -> list[dict[str, Any]]:
         checks.append({"target": target, "cell": cell, "value": value,
                        "threshold": threshold, "met": met, "note": note})
 
+    spe = (results.get("settings") or {}).get("large_steps_per_execution")
     for row in throughput_ratios(results):
         cell = f"{row['model']} b={row['micro_batch']} K={row['accum_steps']}"
         v = row["fit_vs_keras"]
         add("(4)/(3) fit vs Keras accumulation", cell, v, FIT_RATIO_TARGET,
-            None if v is None else v >= FIT_RATIO_TARGET)
+            None if v is None else v >= FIT_RATIO_TARGET, "steps_per_execution=1")
+        v = row["fit_vs_keras_spe"]
+        if v is not None:
+            add("(4)/(3) fit vs Keras accumulation, large steps_per_execution", cell, v,
+                FIT_RATIO_TARGET, v >= FIT_RATIO_TARGET, f"steps_per_execution={spe}")
+        v = row["vs_minimal"]
+        if v is not None:
+            add("best compiled AccumTrainer vs minimal accumulator (9)", cell, v,
+                MINIMAL_RATIO_TARGET, v >= MINIMAL_RATIO_TARGET,
+                f"best: {row['best_vs_minimal']} vs {MINIMAL_OF[row['best_vs_minimal']]}")
         v = row["vs_floor"]
         add("best of (5)/(6) vs floor (8)", cell, v, FLOOR_RATIO_TARGET,
             None if v is None else v >= FLOOR_RATIO_TARGET,
             f"best: {row['best_compiled']}" if row["best_compiled"] else "")
         add("best accumcore / plain fit at B (2)", cell, row["vs_large_batch"], None, None,
             f"best: {row['best_accum']}" if row["best_accum"] else "")
+        if row["fit_xla_vs_fit"] is not None:
+            add("AccumModel.fit jit_compile=True / without", cell, row["fit_xla_vs_fit"], None,
+                None)
+    for rec in results.get("ops") or []:
+        cell = f"{rec['model']} {rec['entry']}"
+        note = f"{rec['ops']} vs {rec['minimal_ops']} ops (minimal {rec['variant']})"
+        add("graph ops <= 1.5 x minimal accumulator's" if rec["target"]
+            else "graph ops / minimal accumulator's (Keras, reference)", cell, rec["ratio"],
+            OPS_RATIO_TARGET if rec["target"] else None,
+            rec["ratio"] <= OPS_RATIO_TARGET if rec["target"] else None, note)
     table = memory_table(results)
     budget = memory_budget(results)
     for method, peaks in table.items():
