@@ -321,9 +321,21 @@ class AccumTrainer:
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
 
+        Checks for a non-finite gradient after the call (one host read of the state's flag):
+        under ``nonfinite="raise"`` a bad micro-batch raises
+        :class:`~accumcore.NonFiniteGradientError` here. (``fit`` checks once per epoch
+        instead, with no host read per micro-batch.)
+
         Returns:
             ``(mean_loss, weight, applied)`` as tensors.
         """
+        out = self._train_micro_batch(x, y, sample_weight, compiled=compiled)
+        self.state.raise_if_nonfinite(self.epoch)
+        return out
+
+    def _train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
+        """:meth:`train_micro_batch` without the non-finite check (``fit`` checks per epoch:
+        a frozen state refuses, and counts, every later micro-batch)."""
         self.build(x)
         if compiled:
             if self._micro_fn is None:
@@ -338,7 +350,6 @@ class AccumTrainer:
             out = self._micro_fn(x, y, sample_weight)
         else:
             out = self._run_micro_step(x, y, sample_weight)
-        self.state.raise_if_nonfinite(self.epoch)
         return out
 
     # ------------------------------------------------------------------ one window, in graph
@@ -362,8 +373,7 @@ class AccumTrainer:
                 self.model, self._loss_of, xi, yi, wi,
                 normalizer=self._normalizer, optimizer=self.optimizer,
             )
-            self.state.accumulate(grads, weight, samples, self.optimizer)
-            self.state.advance()
+            self.state.accumulate(grads, weight, samples, self.optimizer, advance=True)
             total_loss += loss * weight
             total_weight += weight
         self.state.apply_window(self.optimizer)
@@ -650,11 +660,12 @@ class AccumTrainer:
                 source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
                 for step, batch in enumerate(source):
                     x_, y_, sw_ = keras.utils.unpack_x_y_sample_weight(batch)
-                    loss, weight, did = self.train_micro_batch(
+                    loss, weight, did = self._train_micro_batch(
                         x_, y_, sw_, compiled=(mode == "function")
                     )
                     records.append((float(loss), float(weight), bool(did)))
                     bar.update(step + 1, values=[("loss", float(loss))])
+                self.state.raise_if_nonfinite(self.epoch)  # once per epoch, not per batch
                 ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
             if steps_per_epoch is not None:
                 seen += len(records)
