@@ -481,7 +481,8 @@ class AccumulationState(tf.Module):
                     acc.assign_add(tf.cast(g, acc.dtype))
             self.window_weight.assign_add(weight)
             self.window_samples.assign_add(samples)
-            self.samples_seen.assign_add(samples)
+            if policy.freeze or policy is _LOSS_SCALED:  # else counted once, outside the cond
+                self.samples_seen.assign_add(samples)
             if advance and policy.freeze:
                 self.advance()
             return tf.constant(True)
@@ -501,9 +502,8 @@ class AccumulationState(tf.Module):
 
         def skip() -> tf.Tensor:
             self.micro_batches_skipped.assign_add(1)
-            # Its samples were seen but reach no update: count them as seen and dropped, so
-            # that samples_seen always sums to (dataset size x epochs).
-            self.samples_seen.assign_add(samples)
+            # Its samples were seen (counted below) but reach no update: counted as dropped
+            # too, so that samples_seen always sums to (dataset size x epochs).
             self.samples_dropped.assign_add(samples)
             if policy.skip_window:
                 self.window_poisoned.assign(1)
@@ -532,6 +532,7 @@ class AccumulationState(tf.Module):
             ok = tf.logical_not(tf.logical_or(bad, self.frozen))
             return tf.cond(ok, add, refuse)
         added = tf.cond(bad, skip, add)
+        self.samples_seen.assign_add(samples)  # added or skipped: seen either way
         if advance:  # a skipped micro-batch still takes its place in the window
             self.advance()
         return added
