@@ -19,6 +19,8 @@ class NonFiniteGradientError(FloatingPointError):
         window_position: 0-based position of that micro-batch inside its window.
         variable: name of the first trainable variable whose gradient was not finite.
         epoch: 0-based epoch, when the caller knows it (else ``None``).
+        unused_micro_batches: micro-batches seen after the offending one while the state was
+            frozen, so not used (``fit`` checks once per epoch: the rest of that epoch).
     """
 
     def __init__(
@@ -29,9 +31,11 @@ class NonFiniteGradientError(FloatingPointError):
         window_position: int,
         variable: str,
         epoch: int | None = None,
+        unused_micro_batches: int = 0,
     ) -> None:
         super().__init__(message)
         self.micro_step = micro_step
         self.window_position = window_position
         self.variable = variable
         self.epoch = epoch
+        self.unused_micro_batches = unused_micro_batches

@@ -371,9 +371,21 @@ class AccumTrainer:
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
 
+        Checks for a non-finite gradient after the call (one host read of the state's flag):
+        under ``nonfinite="raise"`` a bad micro-batch raises
+        :class:`~accumcore.NonFiniteGradientError` here. (``fit`` checks once per epoch
+        instead, with no host read per micro-batch.)
+
         Returns:
             ``(mean_loss, weight, applied)`` as tensors.
         """
+        out = self._train_micro_batch(x, y, sample_weight, compiled=compiled)
+        self.state.raise_if_nonfinite(self.epoch)
+        return out
+
+    def _train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
+        """:meth:`train_micro_batch` without the non-finite check (``fit`` checks per epoch:
+        a frozen state refuses, and counts, every later micro-batch)."""
         self.build(x)
         if compiled:
             if self._micro_fn is None:
@@ -388,7 +400,6 @@ class AccumTrainer:
             out = self._micro_fn(x, y, sample_weight)
         else:
             out = self._run_micro_step(x, y, sample_weight)
-        self.state.raise_if_nonfinite(self.epoch)
         return out
 
     # ------------------------------------------------------------------ one window, in graph
@@ -412,8 +423,7 @@ class AccumTrainer:
                 self.model, self._loss_of, xi, yi, wi,
                 normalizer=self._normalizer, optimizer=self.optimizer,
             )
-            self.state.accumulate(grads, weight, samples, self.optimizer)
-            self.state.advance()
+            self.state.accumulate(grads, weight, samples, self.optimizer, advance=True)
             total_loss += loss * weight
             total_weight += weight
         self.state.apply_window(self.optimizer)
@@ -675,11 +685,18 @@ class AccumTrainer:
                 source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
                 for step, batch in enumerate(source):
                     x_, y_, sw_ = keras.utils.unpack_x_y_sample_weight(batch)
-                    loss, weight, did = self.train_micro_batch(
+                    records.append(self._train_micro_batch(
                         x_, y_, sw_, compiled=(mode == "function")
-                    )
-                    records.append((float(loss), float(weight), bool(did)))
-                    bar.update(step + 1, values=[("loss", float(loss))])
+                    ))
+                    if verbose == 1:  # a live progress bar reads the loss (a host read)
+                        bar.update(step + 1, values=[("loss", float(records[-1][0]))])
+                # Read on the host once per epoch, not per micro-batch.
+                self.state.raise_if_nonfinite(self.epoch)
+                records = [(float(loss), float(weight), bool(did))
+                           for loss, weight, did in records]
+                if verbose != 1 and records:
+                    bar.update(len(records), values=[("loss", float(np.mean(
+                        [r[0] for r in records])))], finalize=False)
             ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
             if steps_per_epoch is not None:
                 seen += len(records)
@@ -708,7 +725,7 @@ class AccumTrainer:
             book.end_epoch(
                 self.end_of_epoch, outcome, int(self.state.windows_applied.numpy()) - before
             )
-            if verbose and (mode == "graph" or steps is None or ran_out):  # else finalized
+            if verbose and (mode == "graph" or verbose != 1 or steps is None or ran_out):
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()
             if on_epoch_end is not None:

@@ -50,6 +50,10 @@ _COMPILE_KEY = "accumcore_accumulation"
 class WindowFlushCallback(keras.callbacks.Callback):
     """Applies ``AccumModel``'s end-of-epoch policy and reports non-finite gradients.
 
+    The non-finite check reads the state once per epoch (before validation and before the
+    end-of-epoch policy) and at the end of training, never per batch: a frozen state refuses
+    every later micro-batch, and the error says how many it refused.
+
     ``AccumModel.fit`` adds it automatically, first in the list, so that a partial window is
     flushed *before* validation and before other callbacks (checkpoints) see the epoch's end.
     """
@@ -70,10 +74,16 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._batches = 0
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # No host read here: a state frozen by a non-finite gradient refuses (and counts) every
+        # later micro-batch, so the check runs once, when the epoch's training ends.
         self._batches = (self._batches or 0) + 1
+
+    def _raise_if_nonfinite(self) -> None:
         self.model.accumulation.raise_if_nonfinite(self._epoch)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
+        # Validation inside fit comes after the epoch's training batches: check them first.
+        self._raise_if_nonfinite()
         # Validation inside fit: a large-batch fit would have applied the last batch already.
         if self.model.end_of_epoch == "apply":
             self.model.flush_window()
@@ -85,7 +95,12 @@ class WindowFlushCallback(keras.callbacks.Callback):
                 "a dataset exhausted by `steps_per_epoch`). Pass non-empty data, or `.repeat()` "
                 "the dataset when giving `steps_per_epoch`."
             )
+        self._raise_if_nonfinite()
         self.model.end_window_of_epoch(epoch)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        # Training stopped inside an epoch (e.g. `model.stop_training` set by a callback).
+        self._raise_if_nonfinite()
 
 
 # Keras's functional-model class comes from compat.functional_model_class() (found without

@@ -75,6 +75,12 @@ def _all_finite(tensors: Sequence) -> tf.Tensor:
     return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
+def _finite(tensor) -> tf.Tensor:
+    """bool scalar: every element of one (dense or IndexedSlices) tensor is finite."""
+    values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
+    return tf.reduce_all(tf.math.is_finite(values))
+
+
 def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
     """The default ``should_skip``: bool scalar, any NaN or Inf in ``grads`` or ``weight``."""
     return tf.logical_not(_all_finite([*grads, weight]))
@@ -150,6 +156,8 @@ _SCALARS = (
         "nonfinite_window_position", -1, summed=False, window=False, reported=False, saved=False
     ),
     _Scalar("nonfinite_variable", -1, summed=False, window=False, reported=False, saved=False),
+    # Micro-batches refused while frozen (seen after the bad one, not used).
+    _Scalar("nonfinite_unused", 0, summed=False, window=False, reported=False, saved=False),
 )
 
 
@@ -426,7 +434,9 @@ class AccumulationState(tf.Module):
         return {s.name: int(getattr(self, s.name).numpy()) for s in _SCALARS if s.reported}
 
     # ------------------------------------------------------------------ the window life cycle
-    def accumulate(self, grads: Sequence, weight, samples, optimizer=None) -> tf.Tensor:
+    def accumulate(
+        self, grads: Sequence, weight, samples, optimizer=None, *, advance: bool = False
+    ) -> tf.Tensor:
         """Add one micro-batch: ``grads`` are gradients of its **summed** loss ``c_i * L_i``.
 
         Args:
@@ -438,10 +448,18 @@ class AccumulationState(tf.Module):
                 ``keras.optimizers.LossScaleOptimizer`` the per-micro-batch ``nonfinite``
                 policy is not applied: an overflowing micro-batch is added as it is and the
                 window is checked once, when it closes (skipped whole, loss scale lowered).
+            advance: also count the micro-batch into the window (what :meth:`advance` does),
+                unless a frozen state refuses it (``nonfinite="raise"``: neither the bad
+                micro-batch nor any later one is counted). :meth:`step` uses this.
 
         Returns:
             A bool scalar: whether the micro-batch was added (False if it was skipped or the
             state is frozen by a non-finite gradient).
+
+        The work per micro-batch is the rule's: the weighted gradients added, the weight and
+        the counters advanced, and one finiteness test (one ``is_finite`` reduction per
+        gradient, stacked into one flag vector). Everything else (skipping, freezing, the first
+        offending variable) is in the one rarely taken branch of one ``tf.cond``.
         """
         self._check_built()
         self._check_gradients(grads)
@@ -451,7 +469,6 @@ class AccumulationState(tf.Module):
         present = [(i, g) for i, g in enumerate(grads) if g is not None]
         scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
         policy = _LOSS_SCALED if scaled else self.nonfinite_policy
-        bad = policy.should_skip(grads, weight)
 
         def add() -> tf.Tensor:
             for i, g in present:
@@ -464,37 +481,61 @@ class AccumulationState(tf.Module):
                     acc.assign_add(tf.cast(g, acc.dtype))
             self.window_weight.assign_add(weight)
             self.window_samples.assign_add(samples)
-            self.samples_seen.assign_add(samples)
+            if policy.freeze or policy is _LOSS_SCALED:  # else counted once, outside the cond
+                self.samples_seen.assign_add(samples)
+            if advance and policy.freeze:
+                self.advance()
             return tf.constant(True)
+
+        if policy is _LOSS_SCALED:  # no per-micro-batch check: the window is checked at close
+            added = add()
+            if advance:
+                self.advance()
+            return added
+
+        flags = None  # per-gradient finiteness, reused by the freeze branch's diagnosis
+        if policy.should_skip is has_nonfinite:
+            flags = [_finite(g) for _, g in present]
+            bad = tf.logical_not(tf.reduce_all(tf.stack([*flags, _finite(weight)])))
+        else:
+            bad = tf.convert_to_tensor(policy.should_skip(grads, weight))
 
         def skip() -> tf.Tensor:
             self.micro_batches_skipped.assign_add(1)
-            # Its samples were seen but reach no update: count them as seen and dropped, so
-            # that samples_seen always sums to (dataset size x epochs).
-            self.samples_seen.assign_add(samples)
+            # Its samples were seen (counted below) but reach no update: counted as dropped
+            # too, so that samples_seen always sums to (dataset size x epochs).
             self.samples_dropped.assign_add(samples)
             if policy.skip_window:
                 self.window_poisoned.assign(1)
             return tf.constant(False)
 
-        def freeze() -> tf.Tensor:
-            # First offending variable (-1: only the weight was non-finite).
-            flags = [_all_finite([g]) for _, g in present]
-            index_map = tf.constant([i for i, _ in present] or [-1], tf.int64)
-            var_index = tf.cond(
-                tf.reduce_all(tf.stack(flags)) if present else tf.constant(True),
-                lambda: tf.constant(-1, tf.int64),
-                lambda: tf.gather(index_map, tf.argmin(tf.cast(tf.stack(flags), tf.int32))),
+        def refuse() -> tf.Tensor:
+            """A bad micro-batch freezes the state (recording where); a frozen state counts
+            the micro-batches it refuses. No nested ``cond``: selects on scalars."""
+            frozen = self.frozen
+            fresh = tf.logical_not(frozen)
+            self.nonfinite_unused.assign_add(tf.cast(frozen, tf.int64))
+            checks = flags if flags is not None else [_finite(g) for _, g in present]
+            index_map = tf.constant([i for i, _ in present] + [-1], tf.int64)
+            # First offending variable (-1, the last entry: only the weight was non-finite).
+            first = tf.argmin(tf.cast(tf.stack([*checks, tf.constant(False)]), tf.int32))
+            record = (
+                (self.nonfinite_variable, tf.gather(index_map, first)),
+                (self.nonfinite_window_position, self.micro_step.read_value()),
+                (self.nonfinite_micro_step, self.micro_batches_seen.read_value()),
             )
-            self.nonfinite_variable.assign(var_index)
-            self.nonfinite_window_position.assign(self.micro_step)
-            self.nonfinite_micro_step.assign(self.micro_batches_seen)
+            for variable, value in record:
+                variable.assign(tf.where(fresh, value, variable.read_value()))
             return tf.constant(False)
 
-        def live() -> tf.Tensor:
-            return tf.cond(bad, freeze if policy.freeze else skip, add)
-
-        return tf.cond(self.frozen, lambda: tf.constant(False), live)
+        if policy.freeze:
+            ok = tf.logical_not(tf.logical_or(bad, self.frozen))
+            return tf.cond(ok, add, refuse)
+        added = tf.cond(bad, skip, add)
+        self.samples_seen.assign_add(samples)  # added or skipped: seen either way
+        if advance:  # a skipped micro-batch still takes its place in the window
+            self.advance()
+        return added
 
     def advance(self) -> None:
         """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
@@ -515,7 +556,6 @@ class AccumulationState(tf.Module):
         self._check_variables(variables)
         self._replicas.require_replica_context()
         variables = list(variables)
-        self.accumulate(grads, weight, samples, optimizer)
 
         def close_if_full() -> tf.Tensor:
             return self._close_if_due(optimizer, variables, force=False)
@@ -523,14 +563,12 @@ class AccumulationState(tf.Module):
         if self._replicas.distributed:
             # Every replica advances in lockstep (a frozen one too); whether the window is
             # full is decided in cross-replica context.
+            self.accumulate(grads, weight, samples, optimizer)
             self.advance()
             return self._replicas.decide(close_if_full)
-
-        def advance_and_close() -> tf.Tensor:
-            self.advance()
-            return close_if_full()
-
-        return tf.cond(self.frozen, lambda: tf.constant(False), advance_and_close)
+        # One replica: a frozen state does not advance, so its window never becomes due.
+        self.accumulate(grads, weight, samples, optimizer, advance=True)
+        return close_if_full()
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
@@ -624,11 +662,56 @@ class AccumulationState(tf.Module):
 
     def _close_if_due(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
         """Close the window if it holds K micro-batches (any, with ``force``): bool scalar."""
+        if not self._replicas.distributed:
+            return self._close_if_due_here(optimizer, variables, force=force)
         micro = self._replicas.first(self.micro_step)
         due = micro > 0 if force else micro >= self.accum_steps
         return tf.cond(
             due, lambda: self._close(optimizer, variables), lambda: tf.constant(False)
         )
+
+    def _close_if_due_here(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
+        """:meth:`_close_if_due` with one replica: one ``cond``, and inside it only what the
+        policy can need. A window is skipped when it is poisoned (``"skip_window"``) or
+        holds no added micro-batch (all skipped); a ``LossScaleOptimizer`` skips an
+        overflowed one itself. Under ``"raise"`` without loss scaling neither can happen, so
+        the close is the update and the book-keeping, nothing else."""
+        micro = self.micro_step.read_value()
+        if force:  # a flush: any non-empty window, unless frozen (the Python side raises)
+            due = tf.logical_and(micro > 0, tf.logical_not(self.frozen))
+        else:  # a frozen state never advances, so a full window is never a frozen one
+            due = micro >= self.accum_steps
+        scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
+        can_skip = not self.nonfinite_policy.freeze and not scaled
+
+        def update() -> tf.Tensor:
+            return self._update(optimizer, variables, self.window_weight.read_value(), ())
+
+        def close() -> tf.Tensor:
+            if can_skip:
+                skip = tf.logical_or(
+                    self.window_poisoned.read_value() > 0,
+                    tf.equal(self.window_samples.read_value(), 0),
+                )
+                applied = tf.cond(skip, lambda: tf.constant(False), update)
+            else:
+                applied = update()
+            if not can_skip and not scaled:  # statically applied
+                return self._closed(True)
+            if self.window_hooks:  # hooks take a Python bool: one branch each
+                return tf.cond(applied, lambda: self._closed(True), lambda: self._closed(False))
+            return self._closed_as(applied)
+
+        return tf.cond(due, close, lambda: tf.constant(False))
+
+    def _closed_as(self, applied: tf.Tensor) -> tf.Tensor:
+        """:meth:`_closed` for a bool tensor ``applied``, without a ``cond`` (no hooks)."""
+        one = tf.cast(applied, tf.int64)
+        self.windows_applied.assign_add(one)
+        self.windows_skipped.assign_add(1 - one)
+        self.samples_dropped.assign_add((1 - one) * self.window_samples.read_value())
+        self.reset()
+        return applied
 
     def _mirrors_loss_scaling(self, optimizer) -> bool:
         """Under a strategy the loss-scale rule is accumcore's mirror (see loss_scaling)."""
@@ -642,11 +725,13 @@ class AccumulationState(tf.Module):
         present = [i for i, has in enumerate(self._has_gradient) if has]
 
         def local_status() -> list:
-            """``[weight, poisoned, frozen(, overflow)]`` here (and the sums to pre-reduce)."""
+            """``[weight, poisoned, frozen, samples(, overflow)]`` here (and the sums to
+            pre-reduce)."""
             flags = [
                 tf.cast(self.window_weight.read_value(), tf.float32),
                 tf.cast(self.window_poisoned.read_value() > 0, tf.float32),
                 tf.cast(self.frozen, tf.float32),
+                tf.cast(self.window_samples.read_value(), tf.float32),
             ]
             needed = mirror or prereduce
             sums = [self.accumulators[i].read_value() for i in present] if needed else []
@@ -656,7 +741,7 @@ class AccumulationState(tf.Module):
 
         reduced = replicas.sum(local_status)  # THE reduction of the window (none: one replica)
         status = replicas.first(reduced[0])
-        overflow = status[3] > 0 if mirror else tf.constant(False)
+        overflow = status[4] > 0 if mirror else tf.constant(False)
 
         def update() -> tf.Tensor:
             return replicas.run(
@@ -664,7 +749,8 @@ class AccumulationState(tf.Module):
             )
 
         def close() -> tf.Tensor:
-            skip = tf.logical_or(status[1] > 0, overflow)
+            # Poisoned (skip_window), no micro-batch added (all skipped), or overflowed.
+            skip = tf.logical_or(tf.logical_or(status[1] > 0, status[3] <= 0), overflow)
             applied = tf.cond(skip, lambda: tf.constant(False), update)
             if mirror:  # no window is poisoned under loss scaling: skipped = overflowed
                 loss_scaling.update_scale(optimizer, applied)
@@ -730,9 +816,14 @@ class AccumulationState(tf.Module):
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
         """Raise :class:`NonFiniteGradientError` if a non-finite gradient froze the state.
 
-        Call from Python after each step (the loops and ``AccumModel`` do). The error names the
-        epoch (when given), the micro-step, its position in the window and the first offending
-        variable. :meth:`clear_nonfinite` unfreezes the state (the bad micro-batch stays out).
+        Call from Python, after a step or after many: a frozen state refuses every later
+        micro-batch (counted), so checking once per epoch loses nothing but that epoch's
+        remaining compute. ``AccumModel.fit`` and ``AccumTrainer.fit`` check at the end of each
+        epoch (no host read per micro-batch); ``train_on_batch``, ``train_micro_batch`` and
+        ``window_step`` after each call. The error names the epoch (when given), the
+        micro-step, its position in the window, the first offending variable and how many
+        later micro-batches were seen while frozen (not used). :meth:`clear_nonfinite`
+        unfreezes the state (the bad micro-batch stays out).
         """
         if not self._built or not self.nonfinite_policy.freeze:
             return
@@ -746,6 +837,7 @@ class AccumulationState(tf.Module):
         if step < 0:
             return
         position = local(self.nonfinite_window_position)[replica]
+        unused = local(self.nonfinite_unused)[replica]
         index = local(self.nonfinite_variable)[replica]
         variable = self._variable_names[index] if index >= 0 else "<micro-batch weight>"
         where = f"epoch {epoch}, " if epoch is not None else ""
@@ -753,6 +845,8 @@ class AccumulationState(tf.Module):
             f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "
             f"in its window of {self.accum_steps}); first offending variable: {variable}. "
             "That micro-batch was not accumulated; the window before it is intact and kept. "
+            f"{unused} later micro-batch(es) were seen while the state was frozen and not "
+            f"used{' (the rest of that epoch)' if epoch is not None else ''}. "
             "Training is stopped until this is cleared: the next `fit` (AccumModel.fit or "
             "AccumTrainer.fit) clears it and continues that window with its data; in your "
             "own loop call `state.clear_nonfinite()` (`model.accumulation` / "
@@ -764,6 +858,7 @@ class AccumulationState(tf.Module):
             window_position=position,
             variable=variable,
             epoch=epoch,
+            unused_micro_batches=unused,
         )
 
     def clear_nonfinite(self) -> bool:
@@ -794,6 +889,7 @@ class AccumulationState(tf.Module):
         for variable in (self.nonfinite_micro_step, self.nonfinite_window_position,
                          self.nonfinite_variable):
             variable.assign(-1)
+        self.nonfinite_unused.assign(0)
         return True
 
     def get_config(self) -> dict:

@@ -210,3 +210,80 @@ def test_first_offending_variable_is_the_first_non_finite_one():
     state2.step([tf.zeros_like(v) for v in variables], float("nan"), 4, opt, variables)
     with pytest.raises(ac.NonFiniteGradientError, match="weight"):
         state2.raise_if_nonfinite()
+
+
+# ---------------------------------------------------------------------------- no per-batch read
+@pytest.mark.parametrize("entry", ["eager", "function", "graph", "fit"])
+def test_raise_is_checked_once_per_epoch_and_counts_the_unused_rest(entry, clean, monkeypatch):
+    """``fit`` reads the non-finite flag once per epoch, not per micro-batch: the state,
+    frozen at micro-batch 1 of 6, refuses the 4 after it, and the error says so (and still
+    names micro-step 1). Catches: a host read per micro-batch (``raise_if_nonfinite`` called
+    about 6 times), later micro-batches accumulated or counted while frozen, a wrong count."""
+    calls = []
+    original = ac.AccumulationState.raise_if_nonfinite
+
+    def counting(self, epoch=None):
+        calls.append(epoch)
+        return original(self, epoch)
+
+    monkeypatch.setattr(ac.AccumulationState, "raise_if_nonfinite", counting)
+    x, y = clean
+    with pytest.raises(ac.NonFiniteGradientError) as info:
+        train(entry, poisoned(x, "nan"), y, "raise")
+    err = info.value
+    assert (err.epoch, err.micro_step, err.window_position) == (0, BAD, BAD)
+    assert err.unused_micro_batches == N // MICRO - BAD - 1 == 4
+    assert "4 later micro-batch(es) were seen while the state was frozen" in str(err)
+    assert len(calls) <= 2, f"raise_if_nonfinite called {len(calls)} times in one epoch"
+
+
+def test_frozen_state_refuses_later_micro_batches_exactly():
+    """Unit test: after a bad micro-batch, clean ones are refused (window, counters and
+    accumulators unchanged) and counted; ``clear_nonfinite`` resets the count."""
+    model = small_mlp()
+    variables = model.trainable_variables
+    opt = keras.optimizers.SGD(0.1)
+    opt.build(variables)
+    state = ac.AccumulationState(3)
+    state.build(variables)
+    ones = [tf.ones_like(v) for v in variables]
+    state.step(ones, 2.0, 2, opt, variables)
+    bad = list(ones)
+    bad[1] = tf.fill(variables[1].shape, np.nan)
+    state.step(bad, 2.0, 2, opt, variables)
+    for _ in range(3):  # would close the window (K = 3) if accepted
+        state.step(ones, 2.0, 2, opt, variables)
+    assert int(state.micro_step.numpy()) == 1 and float(state.window_weight.numpy()) == 2.0
+    assert state.counters()["windows_applied"] == 0
+    assert state.counters()["micro_batches_seen"] == 1
+    np.testing.assert_array_equal(state.accumulators[0].numpy(), ones[0].numpy())
+    with pytest.raises(ac.NonFiniteGradientError) as info:
+        state.raise_if_nonfinite()
+    assert (info.value.micro_step, info.value.unused_micro_batches) == (1, 3)
+    assert info.value.variable == variables[1].path
+    assert state.clear_nonfinite()
+    state.raise_if_nonfinite()  # cleared: nothing to raise
+    assert int(state.nonfinite_unused.numpy()) == 0
+
+
+# ---------------------------------------------------------------------------- all skipped
+@pytest.mark.parametrize("entry", ["eager", "function", "graph", "fit"])
+def test_window_of_only_skipped_micro_batches_is_skipped_not_applied(entry, clean):
+    """``skip_micro_batch`` with every micro-batch of window 0 bad: the window is skipped
+    (counted in windows_skipped), not applied with a zero gradient, which would still move
+    Adam's moments and ``iterations``. Catches: the zero-gradient apply (iterations 2,
+    weights off the reference of window 1 alone)."""
+    x, y = clean
+    bad = x.copy()
+    bad[WINDOW0, 0] = np.nan
+    model, state, opt, history = train(entry, bad, y, "skip_micro_batch")
+    initial, ref = reference(x, y, [WINDOW1])
+    rel = relative_error(get_weights(model), ref, initial)
+    assert rel <= REL_TOL, f"rel error {rel:.3g} vs the reference of window 1 alone"
+    c = state.counters()
+    assert c["windows_skipped"] == 1 and c["windows_applied"] == 1
+    assert c["micro_batches_skipped"] == K
+    assert int(opt.iterations.numpy()) == 1
+    assert c["samples_seen"] == N and c["samples_dropped"] == 12
+    if entry == "fit":
+        assert history["skipped_windows"] == [1.0]

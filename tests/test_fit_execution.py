@@ -1,0 +1,215 @@
+"""``AccumModel.fit`` with ``steps_per_execution`` and with ``jit_compile=True`` (XLA, on CPU).
+
+Keras runs ``steps_per_execution`` train steps (micro-batches here) inside one compiled call, so
+windows of K micro-batches span executions and the last execution of an epoch is ragged. The
+state lives in variables, so the window rule must not care; these tests check it against an
+independent large-batch reference: a plain ``keras.Model`` trained with one ``train_on_batch``
+per window on exactly that window's samples (built here from the micro-batch stream and the
+``end_of_epoch`` policy, not from accumcore).
+
+38 samples, micro-batches of 4 (the tenth holds 2: a ragged last micro-batch), K = 3: per epoch
+windows of 3, 3, 3 and 1 micro-batches; 2 epochs.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+from conftest import LOSS, REL_TOL, assert_matches_reference, small_mlp
+
+import accumcore as ac
+from accumcore.lab.experiments import get_weights
+
+N, MICRO, K, EPOCHS = 38, 4, 3, 2
+
+
+def make_opt() -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(0.01)
+
+
+@pytest.fixture
+def arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(N, 8)).astype("float32")
+    y = rng.integers(0, 3, N).astype("int32")
+    sw = rng.uniform(0.5, 2.0, N).astype("float32")
+    return x, y, sw
+
+
+def reference_windows(end_of_epoch: str) -> tuple[list[np.ndarray], int]:
+    """The windows a large-batch run would apply, as sample indices, and the micro-batches
+    left pending at the end (``"carry"``): written from the policy's definition."""
+    micro = [np.arange(s, min(s + MICRO, N)) for s in range(0, N, MICRO)]
+    windows, current = [], []
+    for _ in range(EPOCHS):
+        for batch in micro:
+            current.append(batch)
+            if len(current) == K:
+                windows.append(np.concatenate(current))
+                current = []
+        if current and end_of_epoch == "apply":
+            windows.append(np.concatenate(current))
+        if end_of_epoch != "carry":
+            current = []
+    return windows, len(current)
+
+
+def reference(x, y, sw, windows) -> tuple[list, list]:
+    model = small_mlp()
+    initial = get_weights(model)
+    model.compile(make_opt(), LOSS)
+    for idx in windows:
+        model.train_on_batch(x[idx], y[idx], sample_weight=None if sw is None else sw[idx])
+    return initial, get_weights(model)
+
+
+def fit(x, y, sw, *, end_of_epoch="apply", steps_per_execution=1, jit_compile=False):
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K, end_of_epoch=end_of_epoch)
+    model.compile(make_opt(), LOSS, steps_per_execution=steps_per_execution,
+                  jit_compile=jit_compile)
+    history = model.fit(x, y, sample_weight=sw, batch_size=MICRO, epochs=EPOCHS,
+                        shuffle=False, verbose=0)
+    return model, history
+
+
+@pytest.mark.parametrize("end_of_epoch", ["apply", "carry", "drop"])
+@pytest.mark.parametrize("steps_per_execution", [2, 4, 7, 32])
+def test_steps_per_execution_is_exact(arrays, end_of_epoch, steps_per_execution):
+    """Windows spanning executions (K = 3 vs 2, 4, 7 micro-batches per execution), a ragged
+    last execution (10 = 7 + 3; 32 > 10: one short execution per epoch) and every end-of-epoch
+    policy. Catches: a window closed at an execution boundary, a micro-batch lost or repeated
+    in a ragged execution, the end-of-epoch policy applied per execution."""
+    x, y, _ = arrays
+    windows, pending = reference_windows(end_of_epoch)
+    initial, ref = reference(x, y, None, windows)
+    model, _ = fit(x, y, None, end_of_epoch=end_of_epoch,
+                   steps_per_execution=steps_per_execution)
+    assert_matches_reference(model, initial, ref)
+    assert int(model.optimizer.iterations.numpy()) == len(windows)
+    counters = model.accumulation.counters()
+    assert counters["windows_applied"] == len(windows)
+    assert counters["micro_batches_seen"] == EPOCHS * 10
+    assert model.accumulation.pending_micro_batches() == pending
+
+
+def test_steps_per_execution_reference_can_fail(arrays):
+    """Guard: windows cut at execution boundaries (every 4 micro-batches, a 'K' of 4) miss the
+    K = 3 reference by far more than REL_TOL, so the test above can fail."""
+    x, y, _ = arrays
+    windows, _ = reference_windows("apply")
+    initial, ref = reference(x, y, None, windows)
+    wrong = [np.arange(s, min(s + 4 * MICRO, N)) for s in range(0, N, 4 * MICRO)] * EPOCHS
+    _, other = reference(x, y, None, wrong)
+    from accumcore.lab.experiments import relative_error
+
+    assert relative_error(other, ref, initial) > 100 * REL_TOL
+
+
+@pytest.mark.parametrize(("steps_per_execution", "weighted"), [(1, False), (4, True)])
+def test_jit_compile_is_exact_on_cpu(arrays, steps_per_execution, weighted):
+    """``compile(jit_compile=True)`` (Keras's default on GPUs): XLA-compiled train steps, the
+    ragged last micro-batch of 2 samples included (a second compiled shape), with and without
+    sample weights. Catches: XLA clamping or reusing the full-size shape for the ragged
+    micro-batch, a weight computed from a static batch size, a cond XLA mis-compiles."""
+    x, y, sw = arrays
+    sw = sw if weighted else None
+    windows, _ = reference_windows("apply")
+    initial, ref = reference(x, y, sw, windows)
+    model, _ = fit(x, y, sw, steps_per_execution=steps_per_execution, jit_compile=True)
+    assert model.jit_compile, "Keras turned jit_compile off: the test would not test XLA"
+    assert_matches_reference(model, initial, ref)
+    assert int(model.optimizer.iterations.numpy()) == len(windows)
+
+
+@pytest.mark.parametrize(("steps_per_execution", "jit_compile"), [(4, False), (1, True)])
+def test_nonfinite_raise_names_the_micro_step_under_execution_and_xla(
+        arrays, steps_per_execution, jit_compile):
+    """A NaN in micro-batch 5 (window 1, position 2): the error, raised at the epoch's end,
+    names micro-step 5 and the 4 micro-batches after it that were refused, whatever the
+    execution grouping; the weights are those of window 0 alone (window 1 not applied)."""
+    x, y, _ = arrays
+    bad = x.copy()
+    bad[5 * MICRO + 1, 3] = np.nan
+    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    model.compile(make_opt(), LOSS, steps_per_execution=steps_per_execution,
+                  jit_compile=jit_compile)
+    with pytest.raises(ac.NonFiniteGradientError) as info:
+        model.fit(bad, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
+    err = info.value
+    assert (err.epoch, err.micro_step, err.window_position) == (0, 5, 2)
+    assert err.unused_micro_batches == 4
+    initial, ref = reference(x, y, None, [np.arange(0, 3 * MICRO)])
+    assert_matches_reference(model, initial, ref)
+    assert model.accumulation.pending_micro_batches() == 2
+
+
+# ---------------------------------------------------------------------------- structure
+def _graph_ops(concrete) -> int:
+    """Operations of a traced function: its graph plus every nested function graph (both
+    branches of every ``tf.cond``), each counted once."""
+    seen: set = set()
+
+    def walk(graph) -> int:
+        total = len(graph.get_operations())
+        for name, function in getattr(graph, "_functions", {}).items():
+            inner = getattr(function, "graph", None)
+            if name not in seen and inner is not None:
+                seen.add(name)
+                total += walk(inner)
+        return total
+
+    return walk(concrete.graph)
+
+
+def test_traced_train_step_is_within_1_5x_of_a_minimal_accumulator():
+    """The traced ``AccumModel.train_step`` (784-256-256-10 MLP, Adam, default
+    ``nonfinite="raise"``) has at most 1.5x the graph operations of a minimal correct
+    accumulator written here (gradient of the summed loss, ``assign_add`` of it and of the
+    weight, a counter, one ``cond`` that applies and zeroes). Catches: nested per-micro-batch
+    ``cond`` s (each copies every captured tensor) creeping back into the hot path (it was
+    2.3x before issue 13)."""
+    import tensorflow as tf
+
+    spec = (tf.TensorSpec((None, 784)), tf.TensorSpec((None,), tf.int32))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def mlp(cls, **kwargs):
+        inputs = keras.Input((784,))
+        h = keras.layers.Dense(256, activation="relu")(inputs)
+        h = keras.layers.Dense(256, activation="relu")(h)
+        return cls(inputs, keras.layers.Dense(10)(h), **kwargs)
+
+    model = mlp(ac.AccumModel, accum_steps=4)
+    model.compile(keras.optimizers.Adam(1e-3), loss)
+    model.build_accumulation()
+    model._build_optimizer()
+    ours = _graph_ops(tf.function(model.train_step).get_concrete_function(spec))
+
+    plain = mlp(keras.Model)
+    opt = keras.optimizers.Adam(1e-3)
+    opt.build(plain.trainable_variables)
+    accs = [tf.Variable(tf.zeros(v.shape)) for v in plain.trainable_variables]
+    weight, count = tf.Variable(0.0), tf.Variable(0, dtype=tf.int64)
+
+    def minimal(x, y):
+        with tf.GradientTape() as tape:
+            n = tf.cast(tf.shape(x)[0], tf.float32)
+            summed = loss(y, plain(x, training=True)) * n
+        for acc, g in zip(accs, tape.gradient(summed, plain.trainable_variables), strict=True):
+            acc.assign_add(g)
+        weight.assign_add(n)
+        count.assign_add(1)
+
+        def apply():
+            opt.apply([acc / weight for acc in accs], plain.trainable_variables)
+            for acc in accs:
+                acc.assign(tf.zeros_like(acc))
+            weight.assign(0.0)
+            count.assign(0)
+            return tf.constant(True)
+
+        return tf.cond(count >= 4, apply, lambda: tf.constant(False))
+
+    floor = _graph_ops(tf.function(minimal).get_concrete_function(*spec))
+    assert ours <= 1.5 * floor, f"{ours} graph ops vs {floor} for the minimal accumulator"
