@@ -23,7 +23,6 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore import distribute
-from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     check_accum_steps,
     check_choice,
@@ -248,7 +247,6 @@ class AccumTrainer:
         self.jit_compile = bool(jit_compile)
         self.micro_batch_size = micro_batch_size
         self.state = AccumulationState(k, nonfinite=nonfinite)
-        self.state.normalize = self._normalizer != "sum"
         self._reset_functions()
         self.optimizer = optimizer
         self.epoch = 0
@@ -306,20 +304,16 @@ class AccumTrainer:
                     "`dataset.batch(b)`."
                 ) from err
         variables = self.model.trainable_variables
-        if self._normalizer == "sum" and self._strategy is not None:
-            raise ValueError(
-                "A loss with reduction='sum' is not supported under a tf.distribute strategy: "
-                "use reduction='sum_over_batch_size' (the default) or 'mean_with_sample_weight'."
-            )
         if self.state.built and not self.state.same_variables(variables):
             self._check_new_trainable_set(variables)
         if not self.optimizer.built:
             self.optimizer.build(variables)
         if self._optimizer_variables is None:
             self._optimizer_variables = {id(v) for v in variables}
-        if self.state.build(variables):  # first build, or accumulators for a new trainable set
+        # First build, or accumulators for a new trainable set: compiled steps are retraced.
+        if self.state.prepare(self.model, self._normalizer,
+                              distributed=self._strategy is not None):
             self._reset_functions()
-        attach_window_layers(self.model, self.state)  # window-level BN: one update per window
 
     def _check_new_trainable_set(self, variables: list) -> None:
         """Before following a new trainable set: the window is empty, the optimizer knows it."""

@@ -27,7 +27,6 @@ import keras
 import tensorflow as tf
 
 from accumcore import compat
-from accumcore.batchnorm import attach_window_layers
 from accumcore.config import (
     check_optimizer,
     check_settings,
@@ -429,11 +428,6 @@ class AccumModel(keras.Model):
         if state.built and not retrace:
             return  # the traced step keeps its trainable set and normaliser (as Keras)
         normalizer = resolve_normalizer(self.normalizer, getattr(self, "loss", None))
-        if normalizer == "sum" and self.distribute_strategy.num_replicas_in_sync > 1:
-            raise ValueError(
-                "A loss with reduction='sum' is not supported under a tf.distribute strategy: "
-                "use reduction='sum_over_batch_size' (the default) or 'mean_with_sample_weight'."
-            )
         if state.built and normalizer != self._accum_normalizer and (
                 state.pending_micro_batches()):
             raise ValueError(
@@ -441,11 +435,10 @@ class AccumModel(keras.Model):
                 "accumulated with: call `model.flush_window()` before `compile`-ing a loss "
                 "with another reduction."
             )
-        with self.distribute_strategy.scope():
-            state.build(self.trainable_variables)  # follows a changed trainable set
+        strategy = self.distribute_strategy
+        with strategy.scope():  # follows a changed trainable set
+            state.prepare(self, normalizer, distributed=strategy.num_replicas_in_sync > 1)
         self._accum_normalizer = normalizer
-        state.normalize = normalizer != "sum"
-        attach_window_layers(self, self.accumulation)  # window-level BN: one update per window
 
     def _build_optimizer(self) -> None:
         if self.optimizer is not None and not self.optimizer.built:
@@ -596,8 +589,7 @@ class AccumModel(keras.Model):
         if self.optimizer is not None:
             check_optimizer(self.optimizer)
         with self.distribute_strategy.scope():
-            self.accumulation.build(self.trainable_variables)
-        attach_window_layers(self, self.accumulation)
+            self.accumulation.prepare(self)
         variables = self.accumulation.variables_for_saving()
         if len(values) != len(variables):
             raise ValueError(

@@ -31,12 +31,19 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from accumcore import distribute, loss_scaling
+from accumcore.batchnorm import attach_window_layers
 from accumcore.config import NONFINITE_POLICIES, check_accum_steps, check_choice
 from accumcore.errors import NonFiniteGradientError
 
 _ON_READ = tf.VariableSynchronization.ON_READ
 
 logger = logging.getLogger("accumcore")
+
+_SUM_UNDER_STRATEGY = (
+    "A loss with reduction='sum' is not supported under a tf.distribute strategy (Keras "
+    "scales such losses differently per replica): use reduction='sum_over_batch_size' (the "
+    "default) or 'mean_with_sample_weight'."
+)
 
 
 def _accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
@@ -292,6 +299,27 @@ class AccumulationState(tf.Module):
         self._set_variables(variables)
         self._built = True
         return True
+
+    def prepare(self, model, normalizer: str | Callable | None = None, *,
+                distributed: bool = False) -> bool:
+        """Everything an entry point does to ready the state for ``model``, in one place.
+
+        Refuses a summed loss (``normalizer="sum"``) under a strategy, builds the accumulators
+        for ``model.trainable_variables`` (or follows a changed set: :meth:`build`), sets
+        :attr:`normalize` from ``normalizer`` (``None``: unchanged) and attaches ``model``'s
+        window-level BatchNorm layers to this state. ``AccumTrainer`` and ``AccumModel`` call
+        it; call it inside ``strategy.scope()`` under a strategy.
+
+        Returns:
+            Whether accumulators were created now (first build or a new trainable set).
+        """
+        if normalizer == "sum" and distributed:
+            raise ValueError(_SUM_UNDER_STRATEGY)
+        created = self.build(model.trainable_variables)
+        if normalizer is not None:
+            self.normalize = normalizer != "sum"
+        attach_window_layers(model, self)  # window-level BN: one update per window
+        return created
 
     def _placement(self, summed: bool) -> dict:
         """Under a strategy: one local copy per replica, read as their sum or the first."""
@@ -598,11 +626,7 @@ class AccumulationState(tf.Module):
         # changed since (e.g. a flush after unfreezing a layer).
         variables = list(self._variables.value)
         if not self.normalize and self._replicas.distributed:
-            raise ValueError(
-                "A loss with reduction='sum' is not supported under a tf.distribute strategy "
-                "(Keras scales such losses differently per replica): use "
-                "reduction='sum_over_batch_size' (the default) or 'mean_with_sample_weight'."
-            )
+            raise ValueError(_SUM_UNDER_STRATEGY)
         key = (id(optimizer), *map(id, variables))
         return self._replicas.decide(
             lambda: self._close_if_due(optimizer, variables, force=True), key
