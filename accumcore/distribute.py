@@ -117,6 +117,9 @@ class Replicas:
     strategy: tf.distribute.Strategy | None = None
     distributed = False
 
+    # Not converted by AutoGraph: a body that is only a docstring makes its converter fail
+    # (with a warning on every trace of a micro-step).
+    @tf.autograph.experimental.do_not_convert
     def require_replica_context(self) -> None:
         """Raise unless a micro-step may run here (always may, with one replica)."""
 
