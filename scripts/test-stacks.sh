@@ -27,6 +27,7 @@ fi
 TOOLS=(
   "$(grep -E '^matplotlib==' requirements.txt)"
   "$(grep -E '^pytest==' requirements.txt)"
+  "$(grep -E '^pytest-xdist==' requirements.txt | cut -d' ' -f1)"
   "$(grep -E '^hypothesis==' requirements.txt)"
   "$(grep -E '^nbval==' requirements.txt)"
   "$(grep -E '^ipykernel==' requirements.txt)"
@@ -84,7 +85,7 @@ run_leg() {
   [ "${STACKS_SETUP_ONLY:-0}" = 1 ] && return 0
   echo "== [$name] pytest -m 'not slow' (fast unit tests)"
   PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
-    -m "not slow"
+    -m "not slow" -n 2
   if [ "$notebooks" = 1 ]; then
     echo "== [$name] nbval over book/ (ACCUMCORE_QUICK=$ACCUMCORE_QUICK)"
     # --nbval-current-env: the notebooks' kernel is this venv's Python, not the main .venv's.

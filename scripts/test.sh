@@ -9,8 +9,10 @@ start=$(date +%s)
 echo "== ruff"
 ruff check accumcore tests benchmarks scripts
 
-echo "== pytest (unit tests)"
-python -m pytest tests -q -p no:cacheprovider
+echo "== pytest: fast unit tests, 2 processes (pytest-xdist)"
+python -m pytest tests -q -p no:cacheprovider -m "not slow" -n 2
+echo "== pytest: slow tests (multi-process, soak), one at a time"
+python -m pytest tests -q -p no:cacheprovider -m slow
 
 bash scripts/check-book.sh  # book: nbval over book/, clean build with -W -n, browser test
 
