@@ -305,9 +305,9 @@ def _explanation(results: dict[str, Any]) -> list[str]:
         f"{met('(4)/(3) fit vs Keras accumulation')}). Both run one forward+backward pass "
         "per `train_step` and add the "
         "gradients into accumulators. accumcore also computes the micro-batch weight, checks "
-        "every gradient for NaN/Inf, keeps a sample-weighted loss tracker, and its "
-        "`WindowFlushCallback` reads the non-finite flag after every step; in return it is "
-        "exact for ragged windows, where Keras's mean of K micro-batch means is not.",
+        "every gradient for NaN/Inf and keeps a sample-weighted loss tracker (the non-finite "
+        "flag is read on the host once per epoch, not per step); in return it is exact for "
+        "ragged windows, where Keras's mean of K micro-batch means is not.",
         "",
         f"*(4)/(3) at steps_per_execution={results['settings'].get('large_steps_per_execution')}*"
         f" ranged over {span('fit_vs_keras_spe')} (target ≥ 1: "
