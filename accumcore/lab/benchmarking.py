@@ -285,8 +285,9 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
 
 
 # ---------------------------------------------------------------------------- graph operations
-#: Entry points whose traced graphs are counted: name -> (minimal variant it is compared with,
-#: whether the 1.5x target applies; Keras's own steps are references, reported only).
+#: The entry points whose traced graphs are counted. Each name maps to the minimal variant it
+#: is compared with and whether the 1.5x target applies (Keras's own steps are references,
+#: reported only).
 OP_ENTRIES: dict[str, tuple[str, bool]] = {
     "AccumModel.fit train_step": ("step", True),
     "AccumTrainer.fit(mode='function') micro-step": ("step", True),
@@ -353,7 +354,7 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
     Returns:
         One record per entry point: ``entry``, ``model``, ``ops``, ``variant`` (the minimal
         variant compared with), ``minimal_ops``, ``ratio`` = ops / minimal_ops and ``target``
-        (whether the :data:`OPS_RATIO_TARGET` applies), ``extra_op_types`` = ``{op type:
+        (whether the ``OPS_RATIO_TARGET`` applies), ``extra_op_types`` = ``{op type:
         count over the minimal's}`` (negative: fewer), largest first.
     """
     x, y = benchmark_data(kind, b * k, "synthetic")
