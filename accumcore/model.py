@@ -340,7 +340,7 @@ class AccumModel(keras.Model):
         normalizer: str | Callable | None = None,
     ) -> None:
         """Change accumulation settings between ``fit`` calls (the window must be empty)."""
-        if self.accumulation.built and int(self.accumulation.micro_step.numpy()):
+        if self.accumulation.pending_micro_batches():
             raise ValueError(
                 "A partial window is pending; call `model.flush_window()` before changing the "
                 "accumulation settings."
@@ -372,10 +372,10 @@ class AccumModel(keras.Model):
         """
         if self.trainable_variables:
             return True
-        if self.accumulation.built and int(self.accumulation.micro_step.numpy()):
+        if self.accumulation.pending_micro_batches():
             raise ValueError(
                 "The model has no trainable variables now, but a partial window of "
-                f"{int(self.accumulation.micro_step.numpy())} micro-batch(es) is pending from "
+                f"{self.accumulation.pending_micro_batches()} micro-batch(es) is pending from "
                 "before they were frozen: call `model.flush_window()` before freezing "
                 "(`model.trainable = False`), or unfreeze the model."
             )

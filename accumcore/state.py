@@ -72,20 +72,16 @@ def _describe_change(old: list[str], new: list[str]) -> str:
     return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
 
 
-def _all_finite(tensors: Sequence) -> tf.Tensor:
-    """bool scalar: every element of every (dense or IndexedSlices) tensor is finite."""
-    flags = [
-        tf.reduce_all(tf.math.is_finite(t.values if isinstance(t, tf.IndexedSlices) else t))
-        for t in tensors
-        if t is not None
-    ]
-    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
-
-
 def _finite(tensor) -> tf.Tensor:
     """bool scalar: every element of one (dense or IndexedSlices) tensor is finite."""
     values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
     return tf.reduce_all(tf.math.is_finite(values))
+
+
+def _all_finite(tensors: Sequence) -> tf.Tensor:
+    """bool scalar: every element of every (dense or IndexedSlices) tensor is finite."""
+    flags = [_finite(t) for t in tensors if t is not None]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
 def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
@@ -659,7 +655,7 @@ class AccumulationState(tf.Module):
             ``"applied"`` (an optimizer update), ``"skipped"`` (``"apply"``, but the window
             was skipped: non-finite, or frozen), ``"dropped"`` or ``"carried"``.
         """
-        pending = int(self.micro_step.numpy()) if self._built else 0
+        pending = self.pending_micro_batches()
         if pending == 0:
             return None
         if policy == "apply":
