@@ -24,11 +24,12 @@ import tensorflow as tf
 from helpers import LOSS, make_data, reference_weights, run_cases, small_mlp
 
 import accumcore as ac
+from accumcore.lab.devices import CountingCrossDeviceOps, replica_devices
 from accumcore.lab.experiments import get_weights, relative_error
 
 # Two logical CPUs, before anything initialises TensorFlow's devices (importing accumcore and
 # helpers does not). run_script sets CUDA_VISIBLE_DEVICES="": CPUs on a GPU machine too.
-DEVICES = ac.distribute.replica_devices(2)
+DEVICES = replica_devices(2)
 CASES: dict[str, Callable[[], dict]] = {}
 
 
@@ -135,7 +136,7 @@ def reductions() -> dict:
     n_vars = len(small_mlp().trainable_variables)
     for name, k, make_opt in (("k2", 2, adam), ("k4", 4, adam),
                               ("k4_clip", 4, lambda: keras.optimizers.Adam(0.01, clipnorm=1.0))):
-        ops = ac.distribute.CountingCrossDeviceOps()
+        ops = CountingCrossDeviceOps()
         strategy = mirrored(ops)
         with strategy.scope():
             model = small_mlp()

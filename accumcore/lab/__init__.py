@@ -9,6 +9,7 @@ Modules:
     :mod:`accumcore.lab.pitfalls`      the broken recipes of chapter 6, each measured
     :mod:`accumcore.lab.plotting`      the book's figures (titles, labels, units, palette)
     :mod:`accumcore.lab.benchmarking`  what chapter 7 runs live, and the benchmark suite
+    :mod:`accumcore.lab.devices`       simulated replicas and counted reductions (chapter 8)
 """
 
 from accumcore.lab.data import MNIST, load_mnist
