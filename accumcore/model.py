@@ -500,7 +500,7 @@ class AccumModel(keras.Model):
         if self._needs_build():
             self._build_on_first_batch(x)
         if not self.trainable_variables:  # nothing to train: loss and metrics only, as Keras
-            return self._untrained_step(x, y, sample_weight)
+            return self._forward_step(x, y, sample_weight, training=True)
         out = summed_loss_gradients(
             self, self._loss_of, x, y, sample_weight,
             normalizer=self._accum_normalizer, optimizer=self.optimizer,
@@ -517,11 +517,20 @@ class AccumModel(keras.Model):
             logs["skipped_windows"] = self.accumulation.windows_skipped
         return logs
 
-    def _untrained_step(self, x, y, sample_weight):
-        """A training step without trainable variables: forward pass, loss and metrics; no
-        gradient, no accumulation (what ``keras.Model.train_step`` does in that case)."""
-        y_pred = self(x, training=True)
-        loss = self._loss_of(x, y, y_pred, sample_weight)
+    def _forward_step(self, x, y, sample_weight, *, training: bool):
+        """Forward pass, loss and metrics; no gradient, no accumulation.
+
+        ``evaluate`` and fit's validation (``training=False``), and a training step without
+        trainable variables (``training=True``: what ``keras.Model.train_step`` does then).
+        ``metrics`` replaces Keras's loss tracker by ours, so ours is fed here too (else the
+        loss would log 0): the mean loss, weighted by the number of samples.
+        """
+        y_pred = self(x, training=training)
+        if training:
+            loss = self._loss_of(x, y, y_pred, sample_weight)
+        else:
+            loss = compat.compute_loss(self, x=x, y=y, y_pred=y_pred,
+                                       sample_weight=sample_weight, training=False)
         self._accum_loss_tracker.update_state(
             loss * replica_loss_factor(), sample_weight=tf.cast(batch_size_of(x), tf.float32)
         )
@@ -541,16 +550,9 @@ class AccumModel(keras.Model):
         return result
 
     def test_step(self, data):
-        # evaluate() and fit's validation. `metrics` replaces Keras's loss tracker by ours, so
-        # ours must be fed here too (else val_loss is 0): mean loss weighted by batch size.
+        """``evaluate`` and fit's validation: :meth:`_forward_step` with ``training=False``."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self(x, training=False)
-        loss = compat.compute_loss(self, x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-                                   training=False)
-        self._accum_loss_tracker.update_state(
-            loss * replica_loss_factor(), sample_weight=tf.cast(batch_size_of(x), tf.float32)
-        )
-        return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return self._forward_step(x, y, sample_weight, training=False)
 
     # ------------------------------------------------------------------ windows
     def flush_window(self) -> bool:
