@@ -230,16 +230,13 @@ def summed_loss_gradients(
                 "(`model.losses`): a window cannot add the penalty exactly once per update. "
                 "Use reduction='sum_over_batch_size' (the default), or drop the regularisers."
             )
-        if summed_loss:
-            summed = optimizer.scale_loss(loss)
-        elif isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-            # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
-            # float16 backward pass sees per-sample gradients of the usual size; the weight
-            # c_i multiplies the (float32) variable gradients afterwards.
-            summed = optimizer.scale_loss(loss)
-        else:
-            summed = optimizer.scale_loss(loss * weight)
+        # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
+        # float16 backward pass sees per-sample gradients of the usual size; the weight c_i
+        # multiplies the (float32) variable gradients afterwards.
+        weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and not (
+            summed_loss)
+        summed = optimizer.scale_loss(loss if summed_loss or weigh_after else loss * weight)
     grads = tape.gradient(summed, variables)
-    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and not summed_loss:
+    if weigh_after:
         grads = [_scaled_gradient(g, weight) for g in grads]
     return MicroBatchResult(loss, grads, weight, batch_size_of(x), y_pred)
