@@ -19,25 +19,46 @@ NONFINITE_POLICIES = ("raise", "skip_micro_batch", "skip_window")
 NORMALIZERS = ("samples", "sample_weight")
 
 
-def check_accum_steps(accum_steps: Any, name: str = "accum_steps") -> int:
-    """Return ``accum_steps`` as an ``int`` after checking it is a positive integer.
+def check_positive_int(value: Any, name: str, *, meaning: str = "") -> int:
+    """Return ``value`` as an ``int`` after checking it is a positive integer (a count or size).
+
+    Args:
+        value: the value passed for parameter ``name``.
+        name: the parameter's name, for the messages.
+        meaning: what the number is, added to the messages in parentheses (optional).
 
     Raises:
         TypeError: for ``bool``, ``float`` or any non-integer value.
         ValueError: for zero or negative values.
     """
-    if isinstance(accum_steps, bool) or not isinstance(accum_steps, numbers.Integral):
+    about = f" ({meaning})" if meaning else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(
-            f"`{name}` must be a positive int (the number K of micro-batches per optimizer "
-            f"update), got {accum_steps!r} of type {type(accum_steps).__name__}. "
-            f"Pass e.g. `{name}=4`."
+            f"`{name}` must be a positive int{about}, got {value!r} of type "
+            f"{type(value).__name__}."
         )
-    if accum_steps < 1:
-        raise ValueError(
-            f"`{name}` must be >= 1 (1 means no accumulation), got {accum_steps}. "
-            f"Pass e.g. `{name}=4` to apply one update every 4 micro-batches."
-        )
-    return int(accum_steps)
+    if value < 1:
+        raise ValueError(f"`{name}` must be >= 1{about}, got {value}.")
+    return int(value)
+
+
+def check_accum_steps(accum_steps: Any, name: str = "accum_steps") -> int:
+    """Return ``accum_steps`` (K) as an ``int`` after checking it is a positive integer.
+
+    Other counts passed with their own ``name`` (``save_every``, ``epochs``, ...) get
+    :func:`check_positive_int`'s plain messages, without accum_steps's explanation of K.
+
+    Raises:
+        TypeError: for ``bool``, ``float`` or any non-integer value.
+        ValueError: for zero or negative values.
+    """
+    if name != "accum_steps":
+        return check_positive_int(accum_steps, name)
+    return check_positive_int(
+        accum_steps, name,
+        meaning="the number K of micro-batches per optimizer update, e.g. `accum_steps=4` "
+        "applies one update every 4 micro-batches; 1 means no accumulation",
+    )
 
 
 def resolve_accum_steps(
@@ -71,13 +92,13 @@ def resolve_accum_steps(
             "Pass `accum_steps` (e.g. 4), or `effective_batch_size` together with "
             "`micro_batch_size`."
         )
-    big = check_accum_steps(effective_batch_size, "effective_batch_size")
+    big = check_positive_int(effective_batch_size, "effective_batch_size")
     if micro_batch_size is None:
         raise ValueError(
             "`micro_batch_size` is required with `effective_batch_size`: K = "
             "effective_batch_size / micro_batch_size."
         )
-    small = check_accum_steps(micro_batch_size, "micro_batch_size")
+    small = check_positive_int(micro_batch_size, "micro_batch_size")
     if big % small:
         if exact:
             raise ValueError(

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accumcore.config import check_accum_steps
+from accumcore.config import check_positive_int
 
 
 @dataclass
@@ -89,11 +89,11 @@ def largest_fitting(
             the range fits: make the model or the inputs smaller, or use a device with more
             memory).
     """
-    step = check_accum_steps(multiple_of, "multiple_of")
-    start = check_accum_steps(start, "start")
+    step = check_positive_int(multiple_of, "multiple_of")
+    start = check_positive_int(start, "start")
     start = -(-start // step) * step
     if limit is not None:
-        limit = check_accum_steps(limit, "limit")
+        limit = check_positive_int(limit, "limit")
         limit = (limit // step) * step
         if limit < start:
             raise ValueError(
@@ -155,8 +155,8 @@ def accum_steps_for(
         >>> accum_steps_for(4096, 320, exact=False)
         (13, 316)
     """
-    big = check_accum_steps(target_batch_size, "target_batch_size")
-    small = check_accum_steps(max_micro_batch, "max_micro_batch")
+    big = check_positive_int(target_batch_size, "target_batch_size")
+    small = check_positive_int(max_micro_batch, "max_micro_batch")
     k = math.ceil(big / small) if small < big else 1
     if exact:
         while big % k:
@@ -186,9 +186,9 @@ def plan_accumulation(
     Returns:
         A :class:`MicroBatchPlan`.
     """
-    big = check_accum_steps(target_batch_size, "target_batch_size")
-    step = check_accum_steps(multiple_of, "multiple_of")
-    first = -(-check_accum_steps(start, "start") // step) * step  # as largest_fitting rounds it
+    big = check_positive_int(target_batch_size, "target_batch_size")
+    step = check_positive_int(multiple_of, "multiple_of")
+    first = -(-check_positive_int(start, "start") // step) * step  # as largest_fitting rounds it
     probes: list[tuple[int, bool]] = []
     best = largest_fitting(fits, start=first, limit=max(big, first), multiple_of=step,
                            probes=probes)

@@ -159,10 +159,10 @@ def _breakdown_section(results: dict[str, Any]) -> list[str]:
     lines = [
         "Where the time of an accumulated micro-batch goes: each variant adds one ingredient "
         "of accumulation to the one before, all as a whole epoch in one `tf.function` (like "
-        "`mode=\"graph\"` and the floor (8)). `optimizer` is the leanest exact accumulation "
-        "one can write (no checks, no counters); from it to `accumcore` is accumcore's own "
-        "bookkeeping (micro-batch weights, NaN/Inf checks, counters, window hooks, "
-        "per-micro-batch loss records).", "",
+        "`mode=\"graph\"` and the floor (8)). `optimizer` is the minimal correct accumulator "
+        "(9) of `benchmarks/minimal.py`, its whole-epoch function `minimal_graph` (no checks); "
+        "from it to `accumcore` is accumcore's own bookkeeping (NaN/Inf checks, "
+        "further counters, window hooks, per-micro-batch loss records).", "",
         "| model | variant | samples/s | ms per micro-batch | added ms |",
         "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in recs):

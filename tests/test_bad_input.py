@@ -15,6 +15,8 @@ from helpers import LOSS, small_mlp
 
 import accumcore as ac
 from accumcore.checkpointing import ExactBackupAndRestore, ResumableLoop, SkipTrainedBatches
+from accumcore.config import check_accum_steps
+from accumcore.memory import accum_steps_for, largest_fitting
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ CONSTRUCTORS = {
 # ---------------------------------------------------------------------------- accum_steps
 # Each bad value, the exception and the message it must raise.
 BAD_ACCUM_STEPS = {
-    "zero": (0, ValueError, "`accum_steps` must be >= 1"),
+    "zero": (0, ValueError, "`accum_steps` must be >= 1.*1 means no accumulation"),
     "negative": (-3, ValueError, "`accum_steps` must be >= 1.*got -3"),
     # 4.0 is rejected, not rounded: a float K usually comes from B / b that did not divide.
     "float": (4.0, TypeError, "`accum_steps` must be a positive int.*float"),
@@ -54,6 +56,30 @@ def test_accum_steps_bad_value(bad, where):
     value, error, message = BAD_ACCUM_STEPS[bad]
     with pytest.raises(error, match=message):
         CONSTRUCTORS[where](value)
+
+
+# Other counts and sizes share the positive-int check, with a message that names them and does
+# not explain K (issue 12: "1 means no accumulation" misled for `epochs`, `start`, ...).
+OTHER_COUNTS = {
+    "effective_batch_size": lambda v: ac.resolve_accum_steps(effective_batch_size=v,
+                                                             micro_batch_size=4),
+    "micro_batch_size": lambda v: ac.resolve_accum_steps(effective_batch_size=8,
+                                                         micro_batch_size=v),
+    "start": lambda v: largest_fitting(lambda b: True, start=v, limit=8),
+    "target_batch_size": lambda v: accum_steps_for(v, 4),
+    # loops.py / checkpointing.py call check_accum_steps(value, "<their name>")
+    "epochs": lambda v: check_accum_steps(v, "epochs"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER_COUNTS))
+@pytest.mark.parametrize(("value", "error", "message"), [
+    (0, ValueError, "must be >= 1, got 0"), (2.0, TypeError, "must be a positive int, got 2.0"),
+    (True, TypeError, "must be a positive int, got True of type bool")])
+def test_other_counts_bad_value(name, value, error, message):
+    with pytest.raises(error, match=f"`{name}` {message}") as info:
+        OTHER_COUNTS[name](value)
+    assert "micro-batches per optimizer update" not in str(info.value)
 
 
 def test_target_batch_not_a_multiple_of_the_micro_batch():

@@ -74,6 +74,23 @@ def test_train_compare_accumulation_tracks_the_large_batch_not_the_small_one(dat
     assert ex.relative_error(acc.final_weights, big.final_weights, big.initial_weights) < REL_TOL
 
 
+@pytest.mark.parametrize("gap", [ex.relative_error, ex.statistics_gap])
+def test_relative_error_and_statistics_gap_definition_and_bad_input(gap):
+    # float32 weights (get_weights) and float64 statistics (moving_statistics) alike.
+    initial = [np.zeros((2, 2), np.float32), np.zeros(3, np.float32)]
+    reference = [np.full((2, 2), 0.5, np.float32), np.array([1.0, -2.0, 0.25], np.float32)]
+    values = [reference[0] + np.float32(0.125), reference[1].astype(np.float64)]
+    # largest error 0.125 in units of the largest reference change |-2|
+    assert gap(values, reference, initial) == 0.125 / 2.0
+    assert gap(reference, reference, initial) == 0.0
+    with pytest.raises(ValueError, match="Got 1, 2 and 2 .*arrays: pass"):
+        gap(values[:1], reference, initial)  # not silently truncated to one array
+    with pytest.raises(ValueError, match="Got 0, 0 and 0"):
+        gap([], [], [])
+    with pytest.raises(ValueError, match="did not move from `initial`"):
+        gap(values, initial, initial)
+
+
 def test_train_compare_rejects_checkpoints_inside_windows(data):
     with pytest.raises(ValueError, match="eval_every"):
         ex.train_compare(*data, {"4 x 16": (16, 4)}, make_optimizer=lambda: "sgd",

@@ -240,11 +240,15 @@ def test_measure_rejects_bad_which(two_windows):
 # ------------------------------------------------------------------------------- display
 
 
-@pytest.mark.parametrize("obj", [pitfalls.partial_window_divided_by_k,
-                                 pitfalls.SumRawGradientsModel])
+CORRECT_CODE = (pitfalls.window_gradient, pitfalls.correct_loop)  # printed too, without a BUG
+
+
+@pytest.mark.parametrize("obj", [*CORRECT_CODE, pitfalls.partial_window_dropped,
+                                 pitfalls.partial_window_divided_by_k,
+                                 pitfalls.clip_before_unscale, pitfalls.SumRawGradientsModel])
 def test_recipe_source_drops_docstrings_keeps_bug_lines_narrow(obj):
     source = pitfalls.recipe_source(obj)
-    assert '"""' not in source and "# BUG" in source
+    assert '"""' not in source and ("# BUG" in source) == (obj not in CORRECT_CODE)
     assert max(len(line) for line in source.splitlines()) <= 88
     for line in source.splitlines():  # a BUG comment stands on a line of its own
         assert "# BUG" not in line or line.lstrip().startswith("# BUG")

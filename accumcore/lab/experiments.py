@@ -33,15 +33,11 @@ def relative_error(
     """``max|w - w_ref| / max|w_ref - w_init|`` over all tensors (dimensionless).
 
     0 means identical to the reference; 1 means an error as large as the whole reference
-    update. Float32 round-off for one exact accumulated update is about 1e-6..1e-5.
+    update. Float32 round-off for one exact accumulated update is about 1e-6..1e-5. The three
+    lists must hold the same number of arrays (e.g. ``get_weights`` of one architecture).
     """
-    num = max(float(np.max(np.abs(np.asarray(w, np.float64) - r))) for w, r in
-              zip(weights, reference))
-    den = max(float(np.max(np.abs(np.asarray(r, np.float64) - i))) for r, i in
-              zip(reference, initial))
-    if den == 0.0:
-        raise ValueError("The reference did not move from the initial weights: no update.")
-    return num / den
+    return _relative_gap(weights, reference, initial, "weight",
+                         "`get_weights(...)` of models with the same architecture")
 
 
 def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
@@ -68,19 +64,30 @@ def statistics_gap(
 ) -> float:
     """``max|s - s_ref| / max|s_ref - s_init|`` over moving statistics (dimensionless).
 
-    The statistics counterpart of :func:`relative_error`: 0 means the moving statistics equal
-    the reference's; 1 means an error as large as the reference's whole change since
-    ``initial``. Arguments are lists from :func:`moving_statistics`.
+    The statistics counterpart of :func:`relative_error` (the same computation): 0 means the
+    moving statistics equal the reference's; 1 means an error as large as the reference's
+    whole change since ``initial``. Arguments are lists from :func:`moving_statistics`.
     """
-    if not (len(stats) == len(reference) == len(initial)) or not stats:
+    return _relative_gap(stats, reference, initial, "statistics",
+                         "`moving_statistics(...)` of models with the same BatchNormalization "
+                         "layers")
+
+
+def _relative_gap(values: Sequence[np.ndarray], reference: Sequence[np.ndarray],
+                  initial: Sequence[np.ndarray], what: str, source: str) -> float:
+    """``max|v - v_ref| / max|v_ref - v_init|`` in float64; ``what`` and ``source`` name the
+    arrays and where matching lists come from, for the messages."""
+    if not (len(values) == len(reference) == len(initial)) or not values:
         raise ValueError(
-            f"Got {len(stats)}, {len(reference)} and {len(initial)} statistics arrays: pass "
-            "`moving_statistics(...)` of models with the same BatchNormalization layers."
+            f"Got {len(values)}, {len(reference)} and {len(initial)} {what} arrays: pass "
+            f"{source}."
         )
-    num = max(float(np.max(np.abs(s - r))) for s, r in zip(stats, reference, strict=True))
-    den = max(float(np.max(np.abs(r - i))) for r, i in zip(reference, initial, strict=True))
+    num = max(float(np.max(np.abs(np.asarray(v, np.float64) - np.asarray(r, np.float64))))
+              for v, r in zip(values, reference, strict=True))
+    den = max(float(np.max(np.abs(np.asarray(r, np.float64) - np.asarray(i, np.float64))))
+              for r, i in zip(reference, initial, strict=True))
     if den == 0.0:
-        raise ValueError("The reference statistics did not move from `initial`: no update.")
+        raise ValueError(f"The reference {what} arrays did not move from `initial`: no update.")
     return num / den
 
 

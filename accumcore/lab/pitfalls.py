@@ -295,6 +295,26 @@ def batch_weight(problem: Problem, batch: Batch) -> float:
     return float(len(batch[0]))
 
 
+def window_gradient(
+    p: Problem, model: keras.Model, loss_fn: keras.losses.Loss, window: list[Batch],
+    optimizer: keras.optimizers.Optimizer | None = None,
+) -> list[tf.Tensor]:
+    """The window's large-batch mean gradient, done right: ``sum c_i grad_i / sum c_i``.
+
+    ``grad_i`` is micro-batch i's mean-loss gradient (so ``c_i grad_i`` is the gradient of its
+    summed loss) and ``c_i`` its :func:`batch_weight`; a list of dense tensors shaped like
+    ``model.trainable_variables``. With ``optimizer`` (a ``LossScaleOptimizer``) it is the
+    gradient of the scaled loss.
+    """
+    acc, total = _zeros(model), 0.0
+    for batch in window:
+        _, grads = mean_loss_gradients(model, loss_fn, batch, optimizer)
+        c = batch_weight(p, batch)  # samples (or valid tokens) in this micro-batch
+        acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
+        total += c
+    return [a / total for a in acc]
+
+
 def optimizer_like(optimizer: keras.optimizers.Optimizer, **changes: Any):
     """A fresh optimizer of the same class and config, with some settings changed."""
     return type(optimizer).from_config({**optimizer.get_config(), **changes})
@@ -321,16 +341,10 @@ def accumcore_recipe(p: Problem) -> keras.Model:
 
 
 def correct_loop(p: Problem) -> keras.Model:
-    """Correct, by hand: sum ``c_i * grad(mean_loss_i)``, divide once by ``sum c_i``, apply."""
+    """Correct, by hand: one ``optimizer.apply`` per window, of :func:`window_gradient`."""
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
     for window in p.windows():
-        acc, total = _zeros(model), 0.0
-        for batch in window:
-            _, grads = mean_loss_gradients(model, loss_fn, batch)
-            c = batch_weight(p, batch)  # samples (or valid tokens) in this micro-batch
-            acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
-            total += c
-        opt.apply([a / total for a in acc], model.trainable_variables)
+        opt.apply(window_gradient(p, model, loss_fn, window), model.trainable_variables)
     return model
 
 
@@ -415,13 +429,7 @@ def partial_window_dropped(p: Problem) -> keras.Model:
         if len(window) < p.accum_steps:
             # BUG: the partial window's samples never reach the model
             break
-        acc, total = _zeros(model), 0.0
-        for batch in window:
-            _, grads = mean_loss_gradients(model, loss_fn, batch)
-            c = batch_weight(p, batch)
-            acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
-            total += c
-        opt.apply([a / total for a in acc], model.trainable_variables)
+        opt.apply(window_gradient(p, model, loss_fn, window), model.trainable_variables)
     return model
 
 
@@ -524,14 +532,8 @@ def clip_before_unscale(p: Problem) -> keras.Model:
     inner = optimizer_like(lso.inner_optimizer, global_clipnorm=None)
     lso.build(model.trainable_variables)
     for window in p.windows():
-        acc, total = _zeros(model), 0.0
-        for batch in window:
-            # gradients of the scaled loss
-            _, grads = mean_loss_gradients(model, loss_fn, batch, optimizer=lso)
-            c = batch_weight(p, batch)
-            acc = [a + c * g for a, g in zip(acc, grads, strict=True)]
-            total += c
-        grads = [a / total for a in acc]
+        # the window's mean gradient of the scaled loss
+        grads = window_gradient(p, model, loss_fn, window, optimizer=lso)
         # BUG: clipped before unscaling
         grads, _ = tf.clip_by_global_norm(grads, clip)
         scale = lso.dynamic_scale
