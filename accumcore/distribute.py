@@ -15,8 +15,8 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 
 When the window is full (a ``tf.cond`` in cross-replica context), the state closes it:
 
-1. every replica reports its status ``[window weight, frozen, poisoned, samples(,
-   non-finite)]``, stacked as one float32 vector (``StrategyReplicas.sum``);
+1. every replica reports its status ``[weight, frozen, poisoned, samples(, non-finite)]``,
+   stacked as one float32 vector (``StrategyReplicas.sum``);
 2. **one** batched all-reduce (SUM) gives the global window weight ``W = sum_i c_i`` and flags
    (when the optimizer clips gradients, the window's gradient sums travel in the same batch);
 3. unless the window is skipped, the optimizer update runs once, back in replica context
