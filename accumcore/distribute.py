@@ -15,7 +15,8 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 
 When the window is full (a ``tf.cond`` in cross-replica context), the state closes it:
 
-1. every replica reports its status ``[window weight, poisoned, frozen(, non-finite)]``;
+1. every replica reports its status ``[weight, frozen, poisoned, samples(, non-finite)]``,
+   stacked as one float32 vector (``StrategyReplicas.sum``);
 2. **one** batched all-reduce (SUM) gives the global window weight ``W = sum_i c_i`` and flags
    (when the optimizer clips gradients, the window's gradient sums travel in the same batch);
 3. unless the window is skipped, the optimizer update runs once, back in replica context
@@ -137,7 +138,12 @@ class Replicas:
 
     def sum(self, local: Callable[[], list]) -> list:
         """``local()`` on every replica, summed over the replicas in one batch (the window's
-        one reduction); with one replica, ``local()`` itself."""
+        one reduction); with one replica, ``local()`` itself.
+
+        ``local()`` returns ``[flags, *tensors]``: ``flags`` a list of scalars (bool, int or
+        float), reduced as one float32 vector in the same order (with one replica: the list
+        as it is, nothing stacked or cast), then the tensors, each reduced as it is.
+        """
         return local()
 
     def run(self, fn: Callable[..., tf.Tensor], *args: Any) -> tf.Tensor:
@@ -195,7 +201,11 @@ class StrategyReplicas(Replicas):
         self._functions.clear()
 
     def sum(self, local: Callable[[], list]) -> list:
-        per_replica = self.strategy.run(local)
+        def stacked() -> list:
+            flags, *tensors = local()
+            return [tf.stack([tf.cast(f, tf.float32) for f in flags]), *tensors]
+
+        per_replica = self.strategy.run(stacked)
         return self.strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
 
     def run(self, fn: Callable[..., tf.Tensor], *args: Any) -> tf.Tensor:

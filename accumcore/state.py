@@ -23,6 +23,7 @@ rule runs and how the window's status is reduced across replicas; loss scaling i
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -631,7 +632,7 @@ class AccumulationState(tf.Module):
     def drop_window(self) -> None:
         """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
         self._check_built()
-        self._end_window(applied=False)
+        self._end_window(False, counted=False)
 
     def end_epoch(
         self, policy: str, optimizer, variables: Sequence | None = None, epoch: int | None = None
@@ -681,87 +682,73 @@ class AccumulationState(tf.Module):
                 part.assign(tf.zeros(part.shape, part.dtype))
 
     def _close_if_due(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
-        """Close the window if it holds K micro-batches (any, with ``force``): bool scalar."""
-        if not self._replicas.distributed:
-            return self._close_if_due_here(optimizer, variables, force=force)
+        """Close the window if it holds K micro-batches (any, with ``force``): bool scalar.
+
+        Under a strategy this runs in cross-replica context (``Replicas.decide``), where the
+        replicas' window counters agree (they advance in lockstep): the first one's decides.
+        """
         micro = self._replicas.first(self.micro_step)
         due = micro > 0 if force else micro >= self.accum_steps
+        if force and not self._replicas.distributed:
+            # One replica: a frozen state keeps its window (the Python side raises). It never
+            # advances, so only a flush can find it frozen; under a strategy the frozen flag
+            # is part of the window's status (see _close).
+            due = tf.logical_and(due, tf.logical_not(self.frozen))
         return tf.cond(
             due, lambda: self._close(optimizer, variables), lambda: tf.constant(False)
         )
-
-    def _close_if_due_here(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
-        """:meth:`_close_if_due` with one replica: one ``cond``, and inside it only what the
-        policy can need. A window is skipped when it is poisoned (``"skip_window"``) or
-        holds no added micro-batch (all skipped); a ``LossScaleOptimizer`` skips an
-        overflowed one itself. Under ``"raise"`` without loss scaling neither can happen, so
-        the close is the update and the book-keeping, nothing else."""
-        micro = self.micro_step.read_value()
-        if force:  # a flush: any non-empty window, unless frozen (the Python side raises)
-            due = tf.logical_and(micro > 0, tf.logical_not(self.frozen))
-        else:  # a frozen state never advances, so a full window is never a frozen one
-            due = micro >= self.accum_steps
-        scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
-        can_skip = not self.nonfinite_policy.freeze and not scaled
-
-        def update() -> tf.Tensor:
-            return self._update(optimizer, variables, self.window_weight.read_value(), ())
-
-        def close() -> tf.Tensor:
-            if can_skip:
-                skip = tf.logical_or(
-                    self.window_poisoned.read_value() > 0,
-                    tf.equal(self.window_samples.read_value(), 0),
-                )
-                applied = tf.cond(skip, lambda: tf.constant(False), update)
-            else:
-                applied = update()
-            if not can_skip and not scaled:  # statically applied
-                return self._closed(True)
-            if self.window_hooks:  # hooks take a Python bool: one branch each
-                return tf.cond(applied, lambda: self._closed(True), lambda: self._closed(False))
-            return self._closed_as(applied)
-
-        return tf.cond(due, close, lambda: tf.constant(False))
-
-    def _closed_as(self, applied: tf.Tensor) -> tf.Tensor:
-        """:meth:`_closed` for a bool tensor ``applied``, without a ``cond`` (no hooks)."""
-        one = tf.cast(applied, tf.int64)
-        self.windows_applied.assign_add(one)
-        self.windows_skipped.assign_add(1 - one)
-        self.samples_dropped.assign_add((1 - one) * self.window_samples.read_value())
-        self.reset()
-        return applied
 
     def _mirrors_loss_scaling(self, optimizer) -> bool:
         """Under a strategy the loss-scale rule is accumcore's mirror (see loss_scaling)."""
         return self._replicas.distributed and loss_scaling.is_loss_scale_optimizer(optimizer)
 
     def _close(self, optimizer, variables: list) -> tf.Tensor:
-        """Close a non-empty window: one status reduction, at most one update, book-keeping."""
+        """Close a due window: one status reduction, at most one update, :meth:`_end_window`.
+
+        The status holds only the entries the window's fate can depend on (``names``): the
+        weight ``W``; ``frozen`` (a strategy only: a frozen replica keeps the window open; one
+        replica is never due frozen); ``poisoned`` and ``samples`` (skipped: ``"skip_window"``,
+        or every micro-batch skipped; one replica skips neither under ``"raise"`` nor with a
+        ``LossScaleOptimizer``, which skips an overflowed window itself); ``overflow`` (a
+        strategy with a ``LossScaleOptimizer``: the window's one finiteness check). With one
+        replica they are read where they are; under a strategy ``Replicas.sum`` stacks them
+        and reduces them in one batch, with the gradient sums when the optimizer clips.
+
+        Returns:
+            bool scalar: whether an optimizer update was applied.
+        """
         replicas = self._replicas
         mirror = self._mirrors_loss_scaling(optimizer)
         prereduce = replicas.prereduces(optimizer)
+        scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
+        can_skip = replicas.distributed or not (self.nonfinite_policy.freeze or scaled)
+        names = [
+            "weight",
+            *(["frozen"] if replicas.distributed else []),
+            *(["poisoned", "samples"] if can_skip else []),
+            *(["overflow"] if mirror else []),
+        ]
         present = [i for i, has in enumerate(self._has_gradient) if has]
 
         def local_status() -> list:
-            """``[weight, poisoned, frozen, samples(, overflow)]`` here (and the sums to
-            pre-reduce)."""
-            flags = [
-                tf.cast(self.window_weight.read_value(), tf.float32),
-                tf.cast(self.window_poisoned.read_value() > 0, tf.float32),
-                tf.cast(self.frozen, tf.float32),
-                tf.cast(self.window_samples.read_value(), tf.float32),
-            ]
+            """``[flags, *sums]`` here: the ``names`` entries and the gradient sums to
+            pre-reduce."""
             needed = mirror or prereduce
             sums = [self.accumulators[i].read_value() for i in present] if needed else []
-            if mirror:  # the one finiteness check of the window, on the local sums
-                flags.append(tf.cast(tf.logical_not(_all_finite(sums)), tf.float32))
-            return [tf.stack(flags), *(sums if prereduce else [])]
+            flags = {
+                "weight": self.window_weight.read_value,  # W = sum_i c_i, float32
+                "frozen": lambda: self.frozen,
+                "poisoned": self.window_poisoned.read_value,
+                "samples": self.window_samples.read_value,
+                "overflow": lambda: tf.logical_not(_all_finite(sums)),
+            }
+            return [[flags[name]() for name in names], *(sums if prereduce else [])]
 
         reduced = replicas.sum(local_status)  # THE reduction of the window (none: one replica)
         status = replicas.first(reduced[0])
-        overflow = status[4] > 0 if mirror else tf.constant(False)
+
+        def flag(name: str) -> tf.Tensor:
+            return status[names.index(name)]
 
         def update() -> tf.Tensor:
             return replicas.run(
@@ -769,15 +756,21 @@ class AccumulationState(tf.Module):
             )
 
         def close() -> tf.Tensor:
-            # Poisoned (skip_window), no micro-batch added (all skipped), or overflowed.
-            skip = tf.logical_or(tf.logical_or(status[1] > 0, status[3] <= 0), overflow)
-            applied = tf.cond(skip, lambda: tf.constant(False), update)
+            skips = [flag("poisoned") > 0, flag("samples") <= 0] if can_skip else []
             if mirror:  # no window is poisoned under loss scaling: skipped = overflowed
+                skips.append(flag("overflow") > 0)
+            if skips:
+                skip = functools.reduce(tf.logical_or, skips)
+                applied = tf.cond(skip, lambda: tf.constant(False), update)
+            else:
+                applied = update()  # True: statically, unless a LossScaleOptimizer skips it
+            if mirror:
                 loss_scaling.update_scale(optimizer, applied)
-            return tf.cond(applied, lambda: self._closed(True), lambda: self._closed(False))
+            return self._end_window(applied)
 
-        # A replica frozen by nonfinite="raise" keeps the window open (the Python side raises).
-        return tf.cond(status[2] > 0, lambda: tf.constant(False), close)
+        if not replicas.distributed:
+            return close()
+        return tf.cond(flag("frozen") > 0, lambda: tf.constant(False), close)
 
     def _update(self, optimizer, variables: list, weight: tf.Tensor, sums: Sequence) -> tf.Tensor:
         """The window's optimizer update: the library's one ``apply`` call. Runs in replica
@@ -812,25 +805,50 @@ class AccumulationState(tf.Module):
         target.apply(grads, variables)
         return loss_scaling.window_applied(target, grads)
 
-    def _closed(self, applied: bool) -> tf.Tensor:
-        """Count a closed window as applied or skipped and end it."""
-        counter = self.windows_applied if applied else self.windows_skipped
-        for part in self._replicas.parts(counter):
-            part.assign_add(tf.ones((), part.dtype))
-        self._end_window(applied)
-        return tf.constant(applied)
+    def _end_window(self, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
+        """Every window ends here, applied, skipped or dropped: counted, its unapplied samples
+        added to ``samples_dropped``, the window hooks run, then :meth:`reset` (under a
+        strategy: every local copy, from cross-replica context).
 
-    def _end_window(self, applied: bool) -> None:
-        """Every window ends here: unapplied samples count as dropped, hooks run, reset."""
-        if not applied:
-            parts = self._replicas.parts
+        Args:
+            applied: a Python bool or a bool scalar tensor. Known statically (a bool, a
+                constant, an eager tensor), only that outcome is written. Otherwise the hooks
+                (which take a Python bool) run in one ``cond``, a branch per outcome; without
+                hooks both outcomes are written as int64 arithmetic on ``applied``.
+            counted: count the window in ``windows_applied`` / ``windows_skipped`` (``False``:
+                a dropped window, counted only in ``samples_dropped``).
+
+        Returns:
+            bool scalar: ``applied``.
+        """
+        known = tf.get_static_value(applied)
+        if known is None and self.window_hooks:
+            return tf.cond(
+                applied,
+                lambda: self._end_window(True, counted=counted),
+                lambda: self._end_window(False, counted=counted),
+            )
+        parts = self._replicas.parts
+        if known is None:  # 0 or 1 window of each outcome
+            applied_n = tf.cast(applied, tf.int64)
+            skipped_n = 1 - applied_n
+            outcomes = [(self.windows_applied, applied_n), (self.windows_skipped, skipped_n)]
+        else:
+            outcomes = [(self.windows_applied if known else self.windows_skipped, 1)]
+        if counted:
+            for counter, n in outcomes:
+                for part in parts(counter):
+                    part.assign_add(n)
+        if not known:  # not applied (or not known): its samples reach no update
             for dropped, pending in zip(
                 parts(self.samples_dropped), parts(self.window_samples), strict=True
             ):
-                dropped.assign_add(pending.read_value())
+                samples = pending.read_value()
+                dropped.assign_add(samples if known is not None else skipped_n * samples)
         for hook in self.window_hooks:
-            hook(applied)
+            hook(bool(known))
         self.reset()
+        return applied if known is None else tf.constant(bool(known))
 
     # ------------------------------------------------------------------ non-finite report
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
