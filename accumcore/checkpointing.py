@@ -166,10 +166,7 @@ class ResumableLoop:
 
     # ------------------------------------------------------------------ helpers
     def _build(self, make: Callable[[int], tf.data.Dataset], epoch: int) -> None:
-        if self.trainer.state.built:
-            return
-        for batch in make(epoch).take(1):
-            self.trainer.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
+        if self.trainer.state.built or self.trainer._build_from(make(epoch)):
             return
         raise ValueError(
             f"`dataset` for epoch {epoch} is empty: nothing to train on (and nothing to build "
@@ -228,30 +225,26 @@ class ResumableLoop:
             self.epoch_start_windows.assign(state.windows_applied)
         # The history's running sums continue from the checkpoint (or the last fit).
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
+
+        def after(step: int, record: tuple) -> None:
+            # Host reads per micro-batch: the running sums are checkpointed with the state.
+            state.raise_if_nonfinite(trainer.epoch)  # never checkpoint a frozen state
+            loss, weight, applied = record
+            book.micro_batch(float(loss), float(weight), bool(applied))
+            if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
+                self.save()
+            if on_micro_batch_end is not None:
+                on_micro_batch_end(trainer.epoch, step)
+
         try:
             for epoch in range(start, epochs):
                 trainer.epoch = epoch
-                steps = 0
-                for batch in iterator:
-                    x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-                    loss, weight, applied = trainer.train_micro_batch(
-                        x, y, sw, compiled=(mode == "function")
-                    )
-                    book.micro_batch(float(loss), float(weight), bool(applied))
-                    if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
-                        self.save()
-                    if on_micro_batch_end is not None:
-                        on_micro_batch_end(epoch, steps)
-                    steps += 1
-                if steps == 0 and not (self.resumed and epoch == start):
-                    raise ValueError(
-                        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty."
-                    )
-                outcome = trainer.end_epoch()
-                book.end_epoch(
-                    trainer.end_of_epoch, outcome,
-                    int(state.windows_applied.numpy()) - int(self.epoch_start_windows.numpy()),
+                records = trainer._run_micro_batches(
+                    iterator, compiled=(mode == "function"), after=after
                 )
+                if not records and not (self.resumed and epoch == start):
+                    raise trainer._empty_epoch_error()
+                trainer._close_epoch(book, int(self.epoch_start_windows.numpy()))
                 # Move the checkpointed progress to the start of the next epoch.
                 self.epoch.assign(epoch + 1)
                 self.epoch_start_windows.assign(state.windows_applied)

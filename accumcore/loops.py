@@ -66,6 +66,12 @@ def _take(iterator: Iterator, steps: int) -> Iterator:
             return
 
 
+def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
+    """An ``after(step, record)`` for :meth:`AccumTrainer._run_micro_batches` that moves a live
+    progress bar to ``step + 1`` with the micro-batch's mean loss (a host read per micro-batch)."""
+    return lambda step, record: bar.update(step + 1, values=[("loss", float(record[0]))])
+
+
 def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Dataset:
     """Micro-batches of ``batch_size`` samples from in-memory arrays, as ``model.fit`` makes.
 
@@ -315,6 +321,13 @@ class AccumTrainer:
                               distributed=self._strategy is not None):
             self._reset_functions()
 
+    def _build_from(self, dataset: tf.data.Dataset) -> bool:
+        """:meth:`build` from the first micro-batch of ``dataset``; False if it yields none."""
+        for batch in dataset.take(1):
+            self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
+            return True
+        return False
+
     def _check_new_trainable_set(self, variables: list) -> None:
         """Before following a new trainable set: the window is empty, the optimizer knows it."""
         if self.state.pending_micro_batches():
@@ -477,6 +490,57 @@ class AccumTrainer:
         return self.state.end_epoch(
             self.end_of_epoch, self.optimizer, self.model.trainable_variables, self.epoch
         )
+
+    def _close_epoch(self, book: HistoryBook, windows_before: int) -> None:
+        """End an epoch: run the end-of-epoch policy and record it in ``book``.
+
+        Args:
+            book: the :class:`HistoryBook` of the running ``fit``.
+            windows_before: ``state.windows_applied`` at the start of the epoch, so that the
+                epoch's updates are the windows applied since (the flush included).
+        """
+        outcome = self.end_epoch()
+        book.end_epoch(
+            self.end_of_epoch, outcome, int(self.state.windows_applied.numpy()) - windows_before
+        )
+
+    def _empty_epoch_error(self) -> ValueError:
+        """The error for an epoch in which the data yielded no micro-batch."""
+        return ValueError(
+            f"`dataset` yielded no micro-batches in epoch {self.epoch}: it is empty (or an "
+            "exhausted iterator). Pass a dataset that can be iterated once per epoch."
+        )
+
+    # ------------------------------------------------------------------ epoch, eager / function
+    def _run_micro_batches(
+        self,
+        batches: Any,
+        compiled: bool,
+        after: Callable[[int, tuple], None] | None = None,
+    ) -> list[tuple]:
+        """Train on every micro-batch of ``batches`` in a Python loop (eager or function mode).
+
+        Args:
+            batches: an iterable of micro-batches ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
+                (a dataset, an iterator, or :func:`_take` of one).
+            compiled: run the ``tf.function`` micro-step (``mode="function"``), else eagerly.
+            after: optional ``after(step, record)`` called after each micro-batch, with its
+                0-based index in ``batches`` and its record.
+
+        No host read here: a record is ``(mean_loss, weight, applied)`` as tensors (float32,
+        float32, bool scalars), and the non-finite check is left to the caller (``fit`` checks
+        once per epoch; a caller that acts per micro-batch checks in ``after``).
+
+        Returns:
+            The records, one per micro-batch.
+        """
+        records = []
+        for step, batch in enumerate(batches):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            records.append(self._train_micro_batch(x, y, sample_weight, compiled=compiled))
+            if after is not None:
+                after(step, records[-1])
+        return records
 
     # ------------------------------------------------------------------ whole epoch in graph
     def _epoch(self, batches, steps=None):
@@ -655,13 +719,13 @@ class AccumTrainer:
             else:
                 steps = cardinality if cardinality > 0 else None
             bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
+            # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
+            ticked = mode != "graph" and verbose == 1
             before = int(self.state.windows_applied.numpy()) if self.state.built else 0
-            records: list[tuple[float, float, bool]] = []
             if steps_per_epoch is not None and iterator is None:
                 iterator, seen = iter(batches), 0
             if mode == "graph":
-                for batch in dataset.take(1):  # build eagerly before tracing
-                    self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
+                self._build_from(dataset)  # eagerly, before tracing
                 if self._epoch_fn is None:
                     self._epoch_fn = tf.function(self._epoch, jit_compile=False)
                 if steps_per_epoch is None:
@@ -673,24 +737,18 @@ class AccumTrainer:
                 self.state.raise_if_nonfinite(self.epoch)
                 records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
                                    applied.numpy().tolist()))
-                bar.update(len(records), values=[("loss", float(np.mean(losses)))] if records
-                           else None, finalize=False)
             else:
                 source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
-                for step, batch in enumerate(source):
-                    x_, y_, sw_ = keras.utils.unpack_x_y_sample_weight(batch)
-                    records.append(self._train_micro_batch(
-                        x_, y_, sw_, compiled=(mode == "function")
-                    ))
-                    if verbose == 1:  # a live progress bar reads the loss (a host read)
-                        bar.update(step + 1, values=[("loss", float(records[-1][0]))])
+                records = self._run_micro_batches(
+                    source, compiled=(mode == "function"), after=_tick(bar) if ticked else None
+                )
                 # Read on the host once per epoch, not per micro-batch.
                 self.state.raise_if_nonfinite(self.epoch)
                 records = [(float(loss), float(weight), bool(did))
                            for loss, weight, did in records]
-                if verbose != 1 and records:
-                    bar.update(len(records), values=[("loss", float(np.mean(
-                        [r[0] for r in records])))], finalize=False)
+            if not ticked:  # the epoch's mean micro-batch loss, once
+                bar.update(len(records), values=[("loss", float(np.mean(
+                    [r[0] for r in records])))] if records else None, finalize=False)
             ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
             if steps_per_epoch is not None:
                 seen += len(records)
@@ -708,18 +766,12 @@ class AccumTrainer:
                         )
                     iterator = None  # the next epoch starts a new pass (as Keras)
             if not records and (steps_per_epoch is None or not self.state.built):
-                raise ValueError(
-                    "`dataset` yielded no micro-batches in this epoch: it is empty (or an "
-                    "exhausted iterator). Pass a dataset that can be iterated once per epoch."
-                )
+                raise self._empty_epoch_error()
             # Book-keeping in Python: window losses from the per-micro-batch records.
             for record in records:
                 book.micro_batch(*record)
-            outcome = self.end_epoch()
-            book.end_epoch(
-                self.end_of_epoch, outcome, int(self.state.windows_applied.numpy()) - before
-            )
-            if verbose and (mode == "graph" or verbose != 1 or steps is None or ran_out):
+            self._close_epoch(book, before)
+            if verbose and (not ticked or steps is None or ran_out):
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()
             if on_epoch_end is not None:
