@@ -51,7 +51,13 @@ import keras
 import tensorflow as tf
 
 from accumcore.config import check_accum_steps, check_choice
-from accumcore.loops import AccumTrainer, HistoryBook, LoopHistory
+from accumcore.loops import (
+    AccumTrainer,
+    HistoryBook,
+    LoopHistory,
+    close_epoch,
+    empty_epoch_error,
+)
 from accumcore.state import AccumulationState
 
 #: Modes of :meth:`ResumableLoop.fit` (``"graph"`` runs a whole epoch in one call, so it cannot
@@ -166,7 +172,10 @@ class ResumableLoop:
 
     # ------------------------------------------------------------------ helpers
     def _build(self, make: Callable[[int], tf.data.Dataset], epoch: int) -> None:
-        if self.trainer.state.built or self.trainer._build_from(make(epoch)):
+        if self.trainer.state.built:
+            return
+        for batch in make(epoch).take(1):
+            self.trainer.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
             return
         raise ValueError(
             f"`dataset` for epoch {epoch} is empty: nothing to train on (and nothing to build "
@@ -227,8 +236,8 @@ class ResumableLoop:
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
 
         def after(step: int, record: tuple) -> None:
-            # Host reads per micro-batch: the running sums are checkpointed with the state.
-            state.raise_if_nonfinite(trainer.epoch)  # never checkpoint a frozen state
+            # Host reads per micro-batch (after the non-finite check, so that a frozen state is
+            # never saved): the running sums are checkpointed with the state.
             loss, weight, applied = record
             book.micro_batch(float(loss), float(weight), bool(applied))
             if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
@@ -239,12 +248,12 @@ class ResumableLoop:
         try:
             for epoch in range(start, epochs):
                 trainer.epoch = epoch
-                records = trainer._run_micro_batches(
+                records = trainer.run_micro_batches(
                     iterator, compiled=(mode == "function"), after=after
                 )
                 if not records and not (self.resumed and epoch == start):
-                    raise trainer._empty_epoch_error()
-                trainer._close_epoch(book, int(self.epoch_start_windows.numpy()))
+                    raise empty_epoch_error(epoch)
+                close_epoch(trainer, book, int(self.epoch_start_windows.numpy()))
                 # Move the checkpointed progress to the start of the next epoch.
                 self.epoch.assign(epoch + 1)
                 self.epoch_start_windows.assign(state.windows_applied)

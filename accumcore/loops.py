@@ -67,7 +67,7 @@ def _take(iterator: Iterator, steps: int) -> Iterator:
 
 
 def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
-    """An ``after(step, record)`` for :meth:`AccumTrainer._run_micro_batches` that moves a live
+    """An ``after(step, record)`` for :meth:`AccumTrainer.run_micro_batches` that moves a live
     progress bar to ``step + 1`` with the micro-batch's mean loss (a host read per micro-batch)."""
     return lambda step, record: bar.update(step + 1, values=[("loss", float(record[0]))])
 
@@ -321,13 +321,6 @@ class AccumTrainer:
                               distributed=self._strategy is not None):
             self._reset_functions()
 
-    def _build_from(self, dataset: tf.data.Dataset) -> bool:
-        """:meth:`build` from the first micro-batch of ``dataset``; False if it yields none."""
-        for batch in dataset.take(1):
-            self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
-            return True
-        return False
-
     def _check_new_trainable_set(self, variables: list) -> None:
         """Before following a new trainable set: the window is empty, the optimizer knows it."""
         if self.state.pending_micro_batches():
@@ -491,53 +484,40 @@ class AccumTrainer:
             self.end_of_epoch, self.optimizer, self.model.trainable_variables, self.epoch
         )
 
-    def _close_epoch(self, book: HistoryBook, windows_before: int) -> None:
-        """End an epoch: run the end-of-epoch policy and record it in ``book``.
-
-        Args:
-            book: the :class:`HistoryBook` of the running ``fit``.
-            windows_before: ``state.windows_applied`` at the start of the epoch, so that the
-                epoch's updates are the windows applied since (the flush included).
-        """
-        outcome = self.end_epoch()
-        book.end_epoch(
-            self.end_of_epoch, outcome, int(self.state.windows_applied.numpy()) - windows_before
-        )
-
-    def _empty_epoch_error(self) -> ValueError:
-        """The error for an epoch in which the data yielded no micro-batch."""
-        return ValueError(
-            f"`dataset` yielded no micro-batches in epoch {self.epoch}: it is empty (or an "
-            "exhausted iterator). Pass a dataset that can be iterated once per epoch."
-        )
-
     # ------------------------------------------------------------------ epoch, eager / function
-    def _run_micro_batches(
+    def run_micro_batches(
         self,
         batches: Any,
-        compiled: bool,
+        *,
+        compiled: bool = False,
+        check_each: bool = True,
         after: Callable[[int, tuple], None] | None = None,
     ) -> list[tuple]:
-        """Train on every micro-batch of ``batches`` in a Python loop (eager or function mode).
+        """Train on every micro-batch of ``batches`` in a Python loop: the eager / function
+        epoch of :meth:`fit` and of :class:`~accumcore.checkpointing.ResumableLoop`.
 
         Args:
             batches: an iterable of micro-batches ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
-                (a dataset, an iterator, or :func:`_take` of one).
+                (a dataset or an iterator over one).
             compiled: run the ``tf.function`` micro-step (``mode="function"``), else eagerly.
+            check_each: raise :class:`~accumcore.NonFiniteGradientError` right after a bad
+                micro-batch, before ``after`` sees it (one host read per micro-batch, as
+                :meth:`train_micro_batch`). ``False`` leaves the check to the caller, with no
+                host read here: :meth:`fit` calls ``state.raise_if_nonfinite(epoch)`` once
+                per epoch (a frozen state refuses, and counts, every later micro-batch).
             after: optional ``after(step, record)`` called after each micro-batch, with its
                 0-based index in ``batches`` and its record.
 
-        No host read here: a record is ``(mean_loss, weight, applied)`` as tensors (float32,
-        float32, bool scalars), and the non-finite check is left to the caller (``fit`` checks
-        once per epoch; a caller that acts per micro-batch checks in ``after``).
-
         Returns:
-            The records, one per micro-batch.
+            The records, one per micro-batch: ``(mean_loss, weight, applied)`` as tensors
+            (float32, float32 and bool scalars; convert them on the host when needed).
         """
         records = []
         for step, batch in enumerate(batches):
             x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
             records.append(self._train_micro_batch(x, y, sample_weight, compiled=compiled))
+            if check_each:
+                self.state.raise_if_nonfinite(self.epoch)
             if after is not None:
                 after(step, records[-1])
         return records
@@ -725,7 +705,8 @@ class AccumTrainer:
             if steps_per_epoch is not None and iterator is None:
                 iterator, seen = iter(batches), 0
             if mode == "graph":
-                self._build_from(dataset)  # eagerly, before tracing
+                for batch in dataset.take(1):  # build eagerly before tracing
+                    self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
                 if self._epoch_fn is None:
                     self._epoch_fn = tf.function(self._epoch, jit_compile=False)
                 if steps_per_epoch is None:
@@ -739,8 +720,9 @@ class AccumTrainer:
                                    applied.numpy().tolist()))
             else:
                 source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
-                records = self._run_micro_batches(
-                    source, compiled=(mode == "function"), after=_tick(bar) if ticked else None
+                records = self.run_micro_batches(
+                    source, compiled=(mode == "function"), check_each=False,
+                    after=_tick(bar) if ticked else None,
                 )
                 # Read on the host once per epoch, not per micro-batch.
                 self.state.raise_if_nonfinite(self.epoch)
@@ -766,11 +748,11 @@ class AccumTrainer:
                         )
                     iterator = None  # the next epoch starts a new pass (as Keras)
             if not records and (steps_per_epoch is None or not self.state.built):
-                raise self._empty_epoch_error()
+                raise empty_epoch_error(self.epoch)
             # Book-keeping in Python: window losses from the per-micro-batch records.
             for record in records:
                 book.micro_batch(*record)
-            self._close_epoch(book, before)
+            close_epoch(self, book, before)
             if verbose and (not ticked or steps is None or ran_out):
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()
@@ -778,3 +760,28 @@ class AccumTrainer:
                 on_epoch_end(self.epoch, history)
             self.epoch += 1
         return history
+
+
+def close_epoch(trainer: AccumTrainer, book: HistoryBook, windows_before: int) -> None:
+    """End an epoch of ``trainer``: run its end-of-epoch policy and record it in ``book``; the
+    one end-of-epoch step of :meth:`AccumTrainer.fit` and ``ResumableLoop.fit``.
+
+    Args:
+        trainer: the trainer whose epoch ends.
+        book: the :class:`HistoryBook` of the running ``fit``.
+        windows_before: ``state.windows_applied`` at the start of the epoch, so that the
+            epoch's updates are the windows applied since (the flush included).
+    """
+    outcome = trainer.end_epoch()
+    book.end_epoch(
+        trainer.end_of_epoch, outcome,
+        int(trainer.state.windows_applied.numpy()) - windows_before,
+    )
+
+
+def empty_epoch_error(epoch: int) -> ValueError:
+    """The error for an epoch (0-based ``epoch``) in which the data yielded no micro-batch."""
+    return ValueError(
+        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty (or an exhausted "
+        "iterator). Pass a dataset that can be iterated once per epoch."
+    )
