@@ -51,7 +51,7 @@ import keras
 import tensorflow as tf
 
 from accumcore.config import check_accum_steps, check_choice
-from accumcore.loops import AccumTrainer, HistoryBook, LoopHistory
+from accumcore.loops import AccumTrainer, HistoryBook, LoopHistory, close_epoch, empty_epoch_error
 from accumcore.state import AccumulationState
 
 #: Modes of :meth:`ResumableLoop.fit` (``"graph"`` runs a whole epoch in one call, so it cannot
@@ -228,30 +228,26 @@ class ResumableLoop:
             self.epoch_start_windows.assign(state.windows_applied)
         # The history's running sums continue from the checkpoint (or the last fit).
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
+
+        def after(step: int, record: tuple) -> None:
+            # Host reads per micro-batch (after the non-finite check, so that a frozen state is
+            # never saved): the running sums are checkpointed with the state.
+            loss, weight, applied = record
+            book.micro_batch(float(loss), float(weight), bool(applied))
+            if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
+                self.save()
+            if on_micro_batch_end is not None:
+                on_micro_batch_end(trainer.epoch, step)
+
         try:
             for epoch in range(start, epochs):
                 trainer.epoch = epoch
-                steps = 0
-                for batch in iterator:
-                    x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-                    loss, weight, applied = trainer.train_micro_batch(
-                        x, y, sw, compiled=(mode == "function")
-                    )
-                    book.micro_batch(float(loss), float(weight), bool(applied))
-                    if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
-                        self.save()
-                    if on_micro_batch_end is not None:
-                        on_micro_batch_end(epoch, steps)
-                    steps += 1
-                if steps == 0 and not (self.resumed and epoch == start):
-                    raise ValueError(
-                        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty."
-                    )
-                outcome = trainer.end_epoch()
-                book.end_epoch(
-                    trainer.end_of_epoch, outcome,
-                    int(state.windows_applied.numpy()) - int(self.epoch_start_windows.numpy()),
+                records = trainer.run_micro_batches(
+                    iterator, compiled=(mode == "function"), after=after
                 )
+                if not records and not (self.resumed and epoch == start):
+                    raise empty_epoch_error(epoch)
+                close_epoch(trainer, book, int(self.epoch_start_windows.numpy()))
                 # Move the checkpointed progress to the start of the next epoch.
                 self.epoch.assign(epoch + 1)
                 self.epoch_start_windows.assign(state.windows_applied)

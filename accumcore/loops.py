@@ -66,6 +66,12 @@ def _take(iterator: Iterator, steps: int) -> Iterator:
             return
 
 
+def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
+    """An ``after(step, record)`` for :meth:`AccumTrainer.run_micro_batches` that moves a live
+    progress bar to ``step + 1`` with the micro-batch's mean loss (a host read per micro-batch)."""
+    return lambda step, record: bar.update(step + 1, values=[("loss", float(record[0]))])
+
+
 def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Dataset:
     """Micro-batches of ``batch_size`` samples from in-memory arrays, as ``model.fit`` makes.
 
@@ -478,6 +484,44 @@ class AccumTrainer:
             self.end_of_epoch, self.optimizer, self.model.trainable_variables, self.epoch
         )
 
+    # ------------------------------------------------------------------ epoch, eager / function
+    def run_micro_batches(
+        self,
+        batches: Any,
+        *,
+        compiled: bool = False,
+        check_each: bool = True,
+        after: Callable[[int, tuple], None] | None = None,
+    ) -> list[tuple]:
+        """Train on every micro-batch of ``batches`` in a Python loop: the eager / function
+        epoch of :meth:`fit` and of :class:`~accumcore.checkpointing.ResumableLoop`.
+
+        Args:
+            batches: an iterable of micro-batches ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
+                (a dataset or an iterator over one).
+            compiled: run the ``tf.function`` micro-step (``mode="function"``), else eagerly.
+            check_each: raise :class:`~accumcore.NonFiniteGradientError` right after a bad
+                micro-batch, before ``after`` sees it (one host read per micro-batch, as
+                :meth:`train_micro_batch`). ``False`` leaves the check to the caller, with no
+                host read here: :meth:`fit` calls ``state.raise_if_nonfinite(epoch)`` once
+                per epoch (a frozen state refuses, and counts, every later micro-batch).
+            after: optional ``after(step, record)`` called after each micro-batch, with its
+                0-based index in ``batches`` and its record.
+
+        Returns:
+            The records, one per micro-batch: ``(mean_loss, weight, applied)`` as tensors
+            (float32, float32 and bool scalars; convert them on the host when needed).
+        """
+        records = []
+        for step, batch in enumerate(batches):
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            records.append(self._train_micro_batch(x, y, sample_weight, compiled=compiled))
+            if check_each:
+                self.state.raise_if_nonfinite(self.epoch)
+            if after is not None:
+                after(step, records[-1])
+        return records
+
     # ------------------------------------------------------------------ whole epoch in graph
     def _epoch(self, batches, steps=None):
         """One epoch in graph: every micro-batch of the dataset ``batches``; or, with
@@ -655,8 +699,9 @@ class AccumTrainer:
             else:
                 steps = cardinality if cardinality > 0 else None
             bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
+            # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
+            ticked = mode != "graph" and verbose == 1
             before = int(self.state.windows_applied.numpy()) if self.state.built else 0
-            records: list[tuple[float, float, bool]] = []
             if steps_per_epoch is not None and iterator is None:
                 iterator, seen = iter(batches), 0
             if mode == "graph":
@@ -673,24 +718,19 @@ class AccumTrainer:
                 self.state.raise_if_nonfinite(self.epoch)
                 records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
                                    applied.numpy().tolist()))
-                bar.update(len(records), values=[("loss", float(np.mean(losses)))] if records
-                           else None, finalize=False)
             else:
                 source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
-                for step, batch in enumerate(source):
-                    x_, y_, sw_ = keras.utils.unpack_x_y_sample_weight(batch)
-                    records.append(self._train_micro_batch(
-                        x_, y_, sw_, compiled=(mode == "function")
-                    ))
-                    if verbose == 1:  # a live progress bar reads the loss (a host read)
-                        bar.update(step + 1, values=[("loss", float(records[-1][0]))])
+                records = self.run_micro_batches(
+                    source, compiled=(mode == "function"), check_each=False,
+                    after=_tick(bar) if ticked else None,
+                )
                 # Read on the host once per epoch, not per micro-batch.
                 self.state.raise_if_nonfinite(self.epoch)
                 records = [(float(loss), float(weight), bool(did))
                            for loss, weight, did in records]
-                if verbose != 1 and records:
-                    bar.update(len(records), values=[("loss", float(np.mean(
-                        [r[0] for r in records])))], finalize=False)
+            if not ticked:  # the epoch's mean micro-batch loss, once
+                bar.update(len(records), values=[("loss", float(np.mean(
+                    [r[0] for r in records])))] if records else None, finalize=False)
             ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
             if steps_per_epoch is not None:
                 seen += len(records)
@@ -708,21 +748,40 @@ class AccumTrainer:
                         )
                     iterator = None  # the next epoch starts a new pass (as Keras)
             if not records and (steps_per_epoch is None or not self.state.built):
-                raise ValueError(
-                    "`dataset` yielded no micro-batches in this epoch: it is empty (or an "
-                    "exhausted iterator). Pass a dataset that can be iterated once per epoch."
-                )
+                raise empty_epoch_error(self.epoch)
             # Book-keeping in Python: window losses from the per-micro-batch records.
             for record in records:
                 book.micro_batch(*record)
-            outcome = self.end_epoch()
-            book.end_epoch(
-                self.end_of_epoch, outcome, int(self.state.windows_applied.numpy()) - before
-            )
-            if verbose and (mode == "graph" or verbose != 1 or steps is None or ran_out):
+            close_epoch(self, book, before)
+            if verbose and (not ticked or steps is None or ran_out):
                 bar.update(bar.target or len(records), values=None, finalize=True)
             history.counters = self.state.counters()
             if on_epoch_end is not None:
                 on_epoch_end(self.epoch, history)
             self.epoch += 1
         return history
+
+
+def close_epoch(trainer: AccumTrainer, book: HistoryBook, windows_before: int) -> None:
+    """End an epoch of ``trainer``: run its end-of-epoch policy and record it in ``book``; the
+    one end-of-epoch step of :meth:`AccumTrainer.fit` and ``ResumableLoop.fit``.
+
+    Args:
+        trainer: the trainer whose epoch ends.
+        book: the :class:`HistoryBook` of the running ``fit``.
+        windows_before: ``state.windows_applied`` at the start of the epoch, so that the
+            epoch's updates are the windows applied since (the flush included).
+    """
+    outcome = trainer.end_epoch()
+    book.end_epoch(
+        trainer.end_of_epoch, outcome,
+        int(trainer.state.windows_applied.numpy()) - windows_before,
+    )
+
+
+def empty_epoch_error(epoch: int) -> ValueError:
+    """The error for an epoch (0-based ``epoch``) in which the data yielded no micro-batch."""
+    return ValueError(
+        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty (or an exhausted "
+        "iterator). Pass a dataset that can be iterated once per epoch."
+    )

@@ -85,3 +85,24 @@ def test_flush_applies_a_pending_window_with_its_true_weight(data):
     ref.train_on_batch(x[:8], y[:8])
     for a, b in zip(trainer.model.get_weights(), ref.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+def test_verbose_2_prints_each_epoch_once_with_its_mean_micro_batch_loss(mode, data, capsys):
+    # The one end-of-epoch bar update (every mode with verbose=2; graph also with verbose=1).
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=2)
+    history = trainer.fit(_ds(x, y, 16), epochs=2, mode=mode, verbose=2)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    for epoch, line in enumerate(lines):
+        mean = np.mean(history.micro_losses[3 * epoch : 3 * epoch + 3])
+        assert line.startswith("3/3 - ") and line.endswith(f"loss: {mean:.4f}"), line
+
+
+def test_graph_mode_progress_bar_shows_the_epoch_mean_loss(data, capsys):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=2)
+    history = trainer.fit(_ds(x, y, 16), epochs=1, mode="graph", verbose=1)
+    out = capsys.readouterr().out
+    assert "3/3" in out and f"loss: {np.mean(history.micro_losses):.4f}" in out

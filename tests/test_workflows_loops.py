@@ -1,8 +1,9 @@
 """Keras workflows around the accumulation state and the custom loops (issue 10, section 2).
 
 Fine-tuning (the trainable set changes between ``fit`` calls), recovering from a
-``NonFiniteGradientError``, ``steps_per_epoch`` and infinite datasets, arrays in
-``AccumTrainer.fit``, optimizer names, loss reductions and unbatched datasets. Every result is
+``NonFiniteGradientError`` (also in ``ResumableLoop``), ``steps_per_epoch`` and infinite
+datasets, empty epochs in ``ResumableLoop``, arrays in ``AccumTrainer.fit``, optimizer names,
+loss reductions and unbatched datasets. Every result is
 compared with an independent large-batch reference (plain Keras) or a measured count.
 """
 
@@ -17,6 +18,7 @@ import tensorflow as tf
 from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
 
 import accumcore as ac
+from accumcore.checkpointing import ResumableLoop
 from accumcore.lab.experiments import get_weights, relative_error
 from accumcore.loops import array_dataset
 
@@ -196,6 +198,22 @@ def test_trainer_fit_after_nonfinite_error_starts_clean(mode, caplog):
     assert_matches_reference(model, initial, reference)
 
 
+@pytest.mark.parametrize("mode", ("eager", "function"))
+def test_resumable_loop_raises_at_a_nonfinite_micro_batch_before_saving_it(mode, tmp_path):
+    # ResumableLoop checks each micro-batch before it checkpoints or reports it, so its last
+    # checkpoint holds the micro-batches before the poisoned one, never a frozen state.
+    xa, ya, _, _ = _clean_and_poisoned()
+    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=4)
+    loop = ResumableLoop(trainer, tmp_path, save_every=1)
+    reported: list[tuple[int, int]] = []
+    with pytest.raises(ac.NonFiniteGradientError) as err:
+        loop.fit(_ds(xa, ya, 4), 1, mode=mode,
+                 on_micro_batch_end=lambda epoch, step: reported.append((epoch, step)))
+    assert err.value.window_position == BAD_MB
+    assert reported == [(0, step) for step in range(BAD_MB)]
+    assert int(loop.checkpoint.save_counter.numpy()) == BAD_MB  # one save per good micro-batch
+
+
 # ---------------------------------------------------------------------------- steps_per_epoch
 def test_infinite_dataset_without_steps_per_epoch_raises_at_once(data):
     x, y = data
@@ -250,6 +268,46 @@ def test_steps_per_epoch_running_out_of_data_behaves_as_keras(mode, data):
     per_epoch = np.diff([0, *seen]).tolist()
     assert per_epoch == counts == [3, 2, 3]
     assert history.updates == [1, 1, 1]  # [0 1 2], [3 4] flushed, [0 1 2] (a new pass)
+
+
+# ---------------------------------------------------------------------------- ResumableLoop
+def test_resumable_loop_empty_epoch_raises_naming_the_epoch(tmp_path, data):
+    x, y = data
+    ds = _ds(x, y)
+    loop = ResumableLoop(ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K), tmp_path,
+                         save_every=2)
+    with pytest.raises(ValueError, match="yielded no micro-batches in epoch 1"):
+        loop.fit(lambda epoch: ds if epoch == 0 else ds.take(0), 2)
+    assert loop.trainer.state.counters()["micro_batches_seen"] == 5  # epoch 0 ran
+
+
+def test_resumable_loop_resumed_at_the_end_of_an_epoch_finishes_it_as_without_the_crash(
+        tmp_path, data):
+    # 5 micro-batches per epoch, K = 3, save_every=5: the checkpoint after the 5th micro-batch
+    # holds an exhausted iterator and a pending window of 2; the resumed epoch 0 runs no
+    # micro-batch (not an empty dataset) and flushes that window, then epoch 1 runs.
+    x, y = data
+    ds = _ds(x, y)
+    reference = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
+    straight = ResumableLoop(reference, tmp_path / "straight", save_every=5).fit(ds, 2)
+
+    def crash(epoch: int, step: int) -> None:
+        if (epoch, step) == (0, 4):
+            raise KeyboardInterrupt
+
+    first = ResumableLoop(ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K),
+                          tmp_path / "ckpt", save_every=5, save_at_epoch_end=False)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit(ds, 2, on_micro_batch_end=crash)
+    trainer = ac.AccumTrainer(small_mlp(seed=1), _adam(), LOSS, accum_steps=K)
+    resumed = ResumableLoop(trainer, tmp_path / "ckpt", save_every=5)
+    history = resumed.fit(ds, 2)
+    assert resumed.resumed and int(trainer.state.micro_step.numpy()) == 0
+    assert len(history.micro_losses) == 5  # epoch 1 only
+    assert history.updates == straight.updates == [2, 2]
+    assert history.epoch_losses == straight.epoch_losses  # epoch 0's sums were restored
+    for got, want in zip(get_weights(trainer.model), get_weights(reference.model)):
+        np.testing.assert_array_equal(got, want)  # same ops in the same order: bit-identical
 
 
 # ---------------------------------------------------------------------------- arrays
