@@ -550,7 +550,7 @@ class AccumModel(keras.Model):
         return result
 
     def test_step(self, data):
-        """``evaluate`` and fit's validation: :meth:`_forward_step` with ``training=False``."""
+        """``evaluate`` and fit's validation: forward pass, loss (our tracker) and metrics."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         return self._forward_step(x, y, sample_weight, training=False)
 
