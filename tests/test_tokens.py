@@ -421,3 +421,36 @@ def test_compile_keeps_the_users_loss_and_saves(tmp_path, tokens):
 
 def test_vocab_constant_matches_models():
     assert seq_model().output_shape == (None, SEQ_LEN, VOCAB)
+
+
+# ------------------------------------------------------------------ mixed precision
+MIXED_TOL = 2e-3  # float16 on both sides: tests/test_mixed_precision.py TOL explains it
+
+
+def mixed_seq_model(seed: int = 0, model_cls=keras.Model, **kwargs) -> keras.Model:
+    """The Embedding(mask_zero=True) model with float16 hidden layers, float32 logits."""
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((SEQ_LEN,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 8, mask_zero=True, dtype="mixed_float16")(tokens)
+    h = keras.layers.Dense(16, activation="tanh", dtype="mixed_float16")(h)
+    return model_cls(tokens, keras.layers.Dense(VOCAB, dtype="float32")(h), **kwargs)
+
+
+def scaled_sgd() -> keras.optimizers.Optimizer:
+    return keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5))
+
+
+@pytest.mark.parametrize("entry", ["function", "fit"])
+def test_mixed_precision_keeps_token_weights(entry, tokens):
+    x, y = tokens
+    model = mixed_seq_model()
+    initial = get_weights(model)
+    model.compile(scaled_sgd(), token_loss())
+    for s in windows_of(len(x), MICRO, K):
+        model.train_on_batch(x[s], y[s])
+    reference = get_weights(model)
+    accumulated = train(entry, mixed_seq_model, scaled_sgd, token_loss(), x, y)
+    assert rel(accumulated, initial, reference) <= MIXED_TOL
+    by_samples = train("function", mixed_seq_model, scaled_sgd, token_loss(), x, y,
+                       normalizer=samples_only)
+    assert rel(by_samples, initial, reference) > 10 * MIXED_TOL
