@@ -45,17 +45,16 @@ _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
 class Denominator(NamedTuple):
     """The denominator of one loss on one micro-batch.
 
-    Attributes:
-        value: ``D``, float32 scalar (``None`` where the loss did not reduce: a loss whose
-            ``call`` returns a scalar, or whose ``__call__`` is its own).
-        kind: ``"elements"`` (every loss element: no mask), ``"valid"`` (the valid elements
-            of a mask), ``"weights"`` (a sample-weight sum), ``"sum"`` (``reduction="sum"``:
-            no division) or ``"unknown"``.
-        key: what ``D`` is proportional to, for comparing several outputs' denominators within
-            one trace: equal keys mean ``D_a / D_b`` is the same constant for every
-            micro-batch. ``("samples",)`` for an unmasked loss with a static number of
-            elements per sample; otherwise the identities of the mask and weight tensors.
-        name: the loss's name (for messages).
+    * ``value``: ``D``, float32 scalar (``None`` where the loss did not reduce: a loss whose
+      ``call`` returns a scalar, or whose ``__call__`` is its own).
+    * ``kind``: ``"elements"`` (every loss element: no mask), ``"valid"`` (the valid elements
+      of a mask), ``"weights"`` (a sample-weight sum), ``"sum"`` (``reduction="sum"``: no
+      division) or ``"unknown"``.
+    * ``key``: what ``D`` is proportional to, for comparing several outputs' denominators
+      within one trace: equal keys mean ``D_a / D_b`` is the same constant for every
+      micro-batch. ``("samples",)`` for an unmasked loss with a static number of elements per
+      sample; otherwise the identities of the mask and weight tensors.
+    * ``name``: the loss's (or its output's) name, for messages.
     """
 
     value: tf.Tensor | None

@@ -451,6 +451,10 @@ def test_mixed_precision_keeps_token_weights(entry, tokens):
     reference = get_weights(model)
     accumulated = train(entry, mixed_seq_model, scaled_sgd, token_loss(), x, y)
     assert rel(accumulated, initial, reference) <= MIXED_TOL
-    by_samples = train("function", mixed_seq_model, scaled_sgd, token_loss(), x, y,
-                       normalizer=samples_only)
-    assert rel(by_samples, initial, reference) > 10 * MIXED_TOL
+    # Keras 3.10 drops the mask where a float32 layer casts a float16 input (Keras 3.15 keeps
+    # it): then Keras's own loss divides by every element, and so does accumcore. Where the
+    # mask arrives, weighting by samples is measurably wrong.
+    if ac.compat.keras_mask(mixed_seq_model()(x[:2])) is not None:
+        by_samples = train("function", mixed_seq_model, scaled_sgd, token_loss(), x, y,
+                           normalizer=samples_only)
+        assert rel(by_samples, initial, reference) > 10 * MIXED_TOL
