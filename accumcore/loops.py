@@ -121,7 +121,9 @@ class LoopHistory:
             loss a large batch made of that window would report.
         epoch_losses: mean loss over each epoch (per sample / item).
         epoch_weights: ``sum c_i`` over each epoch: what the epoch's loss is a mean over (its
-            samples, its sample-weight sum, or its valid tokens under a mask).
+            samples, its sample-weight sum, or its valid tokens under a mask). Under a
+            ``MultiWorkerMirroredStrategy`` the records (losses and weights) are this worker's
+            replicas'; the update itself uses every worker's.
         updates: number of optimizer updates applied in each epoch.
         counters: :meth:`AccumulationState.counters` after the last epoch.
     """

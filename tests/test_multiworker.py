@@ -74,4 +74,6 @@ def test_two_workers_match_single_process_large_batch() -> None:
             assert rel <= REL_TOL, f"{case}, worker {i}: rel {rel:.3g}"
         for a, b in zip(results[0][case]["weights"], results[1][case]["weights"], strict=True):
             np.testing.assert_array_equal(a, b)  # replicas in sync
-    assert results[0]["tokens"]["epoch_weights"] == [float((xt != 0).sum())]
+    # Each worker's LoopHistory counts its own replicas' tokens (the loop's records are
+    # combined locally); together they are every valid token once.
+    assert sum(r["tokens"]["epoch_weights"][0] for r in results) == float((xt != 0).sum())
