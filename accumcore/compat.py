@@ -100,3 +100,19 @@ def batchnorm_renorm(layer: keras.layers.BatchNormalization) -> bool:
     such argument, so it never renormalises (Keras itself rejects ``renorm=`` there).
     """
     return bool(getattr(layer, "renorm", False))
+
+
+def keras_mask(tensor: Any) -> Any:
+    """The Keras mask a tensor carries (``None`` if none): what ``keras.losses.Loss`` reads.
+
+    Layers that produce a mask (``Embedding(mask_zero=True)``, ``Masking``, any layer's
+    ``compute_mask``) attach it to their output as the attribute ``_keras_mask``, the name the
+    Keras masking guide documents ("Understanding masking & padding":
+    ``masked_output._keras_mask``); a loss's ``call`` attaches one to its per-element values
+    the same way (``SparseCategoricalCrossentropy(ignore_class=...)``).
+
+    Version difference: Keras 3.10 reads and writes the attribute directly; Keras 3.15 goes
+    through ``keras.src.backend.get_keras_mask`` (not exported), which reads the same attribute
+    and falls back to a table for tensor types that cannot carry attributes (TensorFlow's can).
+    """
+    return getattr(tensor, "_keras_mask", None)
