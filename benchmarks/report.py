@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,16 +45,16 @@ def write_plots(results: dict[str, Any], out_dir: str) -> list[str]:
         draw(ax)
         fig.tight_layout()
         path = os.path.join(out_dir, name)
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=110, bbox_inches="tight")  # the legends sit outside the axes
         plt.close(fig)
         paths.append(path)
 
     models = list(dict.fromkeys(r["model"] for r in results["throughput"]))
     for model in models:
         save(f"throughput_{model}.png", lambda ax, m=model: bm.plot_throughput(results, m, ax),
-             (11, 5.5))
+             (13, 12))
     if results["throughput"]:
-        save("ratios.png", lambda ax: bm.plot_ratios(results, ax), (10, 5))
+        save("ratios.png", lambda ax: bm.plot_ratios(results, ax), (10, 7))
     if bm.memory_table(results):
         save("memory.png", lambda ax: bm.plot_memory(results, ax), (8, 5))
     return paths
@@ -86,6 +87,42 @@ def _machine_section(results: dict[str, Any]) -> list[str]:
         f"| memory settings | conv net filters {s['memory_filters']}, b={s['memory_micro_batch']},"
         f" K ∈ {s['memory_accum_steps']}, one fresh subprocess each |",
     ]
+
+
+def _summary_section(results: dict[str, Any]) -> list[str]:
+    """The run in one table: each ratio's range over the cells (what book chapter 7 quotes)."""
+    lines = ["Each ratio over the (model, b, K) cells of this run; the sections below hold the "
+             "cells, the targets and what each ratio means.", "",
+             "| ratio | cells | lowest | median | highest | target | cells at or above it |",
+             "|---|---|---|---|---|---|---|"]
+    for row in bm.ratio_summary(results):
+        target = "—" if row["target"] is None else f"≥ {row['target']:g}"
+        met = "—" if row["met"] is None else f"{row['met']} of {row['cells']}"
+        lines.append(f"| {row['label']} | {row['cells']} | {_fmt(row['low'])} | "
+                     f"{_fmt(row['median'])} | {_fmt(row['high'])} | {target} | {met} |")
+    targeted = [r for r in results.get("ops") or [] if r["target"]]
+    if targeted:
+        ratios = [r["ratio"] for r in targeted]
+        met = sum(r <= bm.OPS_RATIO_TARGET for r in ratios)
+        lines.append(f"| graph operations / minimal accumulator's (entry points) | "
+                     f"{len(ratios)} | {_fmt(min(ratios))} | {_fmt(statistics.median(ratios))} | "
+                     f"{_fmt(max(ratios))} | ≤ {bm.OPS_RATIO_TARGET:g} | {met} of {len(ratios)} "
+                     "(at or below) |")
+    table = bm.memory_table(results)
+    plain = table.get("plain", {})
+    if len(plain) > 1:
+        ks = sorted(plain)
+        growth = _fmt(plain[ks[-1]] / plain[ks[0]])
+        lines.append(f"| peak memory, plain batch of K·b: K={ks[-1]} / K={ks[0]} | 1 | "
+                     f"{growth} | {growth} | {growth} | — | — |")
+    for method, peaks in table.items():
+        if method != "plain" and len(peaks) > 1:
+            flat = _fmt(max(peaks.values()) / min(peaks.values()), 3)
+            ok = max(peaks.values()) / min(peaks.values()) <= bm.MEMORY_RATIO_TARGET
+            lines.append(f"| peak memory, {bm.MEMORY_METHODS.get(method, method)}: max/min "
+                         f"over K | 1 | {flat} | {flat} | {flat} | ≤ {bm.MEMORY_RATIO_TARGET:g} | "
+                         f"{int(ok)} of 1 (at or below) |")
+    return lines
 
 
 def _targets_section(results: dict[str, Any]) -> list[str]:
@@ -391,7 +428,12 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         if prefix == "./":
             prefix = ""
         lines += [f"## {name}: `{results['device']}`", "", "### Machine", ""]
-        lines += _machine_section(results) + ["", "### Targets", ""]
+        lines += _machine_section(results) + ["", "### Summary", ""]
+        if results["throughput"]:
+            lines += _summary_section(results)
+        else:
+            lines += ["(no throughput measured)"]
+        lines += ["", "### Targets", ""]
         lines += _targets_section(results) + ["", "### Throughput (samples/s)", "",
                                                "Median of the interleaved repeats (± half the "
                                                "range over the repeats, in % of the median).",
@@ -423,7 +465,8 @@ def write_report(result_dirs: Sequence[str], md_path: str, *, plots: bool = True
 
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_REQUIRED_HEADINGS = ("### Machine", "### Targets", "### Throughput", "### Graph operations",
+_REQUIRED_HEADINGS = ("### Machine", "### Summary", "### Targets", "### Throughput",
+                      "### Graph operations",
                       "### Where the time goes",
                       "### Peak memory", "### Tracing")
 

@@ -10,10 +10,16 @@ For each page listed in ``_toc.yml`` (served from ``_build/html`` on 127.0.0.1):
 * on the Reference pages (``book/reference/``), every table fits the page width;
 * on notebook pages, the Colab launch link points to
   ``https://colab.research.google.com/github/<owner>/<repo>/blob/<branch>/<docname>.ipynb``,
-  the repository and branch of ``_config.yml``.
+  the repository and branch of ``_config.yml``;
+* nothing a reader must not see (``scripts/book_checks.py``, ``page_problems``): no directive
+  fence or role left unrendered (a raw ```` ```{admonition} ```` block), no absolute path of the
+  building machine (the repository, the Python environment, the home directory, or any
+  ``/.../*.py`` file as warnings and tracebacks print them), and no Python warning or other
+  stderr output in a cell unless the cell is tagged ``expect-warning``.
 
 Before the real pages it runs a negative control: it loads one page, breaks it in the browser
-(a missing image, raw TeX, the Colab link removed) and requires each check to report it, so a
+(a missing image, raw TeX, the Colab link removed, a raw directive fence, a cell whose stderr
+output prints a warning with the repository's path) and requires each check to report it, so a
 check that cannot fail fails the run.
 
 The browser (:func:`find_browser`): ``$ACCUMCORE_CHROMIUM`` / ``$ACCUMCORE_CHROMEDRIVER`` if
@@ -49,6 +55,9 @@ from pathlib import Path
 import yaml
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import book_checks  # noqa: E402 - scripts/ is not a package
 
 ROOT = Path(__file__).resolve().parent.parent
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -198,6 +207,14 @@ const text = clone.textContent;
 const scripts = Array.from(document.scripts).map((s) => s.src).filter((s) => /mathjax/i.test(s));
 const colab = Array.from(document.querySelectorAll('a[href*="colab.research.google.com"]'))
     .map((a) => a.href);
+const all = document.body.cloneNode(true);
+all.querySelectorAll("script, style").forEach((e) => e.remove());
+const outputs = Array.from(document.querySelectorAll(".cell_output .output")).map((o) => {
+  const cell = o.closest(".cell");
+  const tags = cell ? Array.from(cell.classList).filter((c) => c.startsWith("tag_"))
+      .map((c) => c.slice(4)) : [];
+  return {text: o.textContent, stderr: o.classList.contains("stderr"), tags: tags};
+});
 return {
   title: document.title,
   images: images,
@@ -206,6 +223,9 @@ return {
   rawTex: text.includes("\\\\[") || text.includes("\\\\("),
   mathjaxScripts: scripts,
   colab: colab,
+  prose: text,
+  text: all.textContent,
+  outputs: outputs,
 };
 """
 
@@ -222,9 +242,18 @@ def inspect(driver: webdriver.Chrome) -> dict:
     return info
 
 
+def machine_paths() -> list[str]:
+    """Absolute paths of this machine that a built page must not show (see book_checks)."""
+    paths = {str(ROOT), os.path.realpath(ROOT), sys.prefix, os.path.realpath(sys.prefix)}
+    home = os.path.expanduser("~")
+    if len(Path(home).parts) > 2:  # /home/user, not / or /root (too short to be telling)
+        paths.add(home)
+    return sorted(paths)
+
+
 def problems_of(info: dict, docname: str, base: str, notebook: bool) -> list[str]:
     """The checks; an empty list means the page passed."""
-    problems = []
+    problems = book_checks.page_problems(info, machine_paths())
     title = info["title"] or ""
     if not title.strip() or "404" in title or "error response" in title.lower():
         problems.append(f"bad title {title!r} (missing or error page)")
@@ -258,6 +287,16 @@ const p = document.createElement("p");
 p.textContent = "\\\\[ B = b \\\\cdot K \\\\]";
 document.querySelector("main, article, body").appendChild(p);
 document.querySelectorAll('a[href*="colab.research.google.com"]').forEach((a) => a.remove());
+const fence = document.createElement("pre");
+fence.textContent = "```{admonition} Answer\\n:class: dropdown\\n```";
+document.querySelector("main, article, body").appendChild(fence);
+const cell = document.createElement("div");
+cell.className = "cell docutils container";
+cell.innerHTML = '<div class="cell_output docutils container">' +
+    '<div class="output stderr"><pre></pre></div></div>';
+cell.querySelector("pre").textContent = arguments[0] +
+    "/accumcore/model.py:440: UserWarning: a warning the page does not expect";
+document.querySelector("main, article, body").appendChild(cell);
 """
 
 
@@ -265,10 +304,13 @@ def negative_control(driver: webdriver.Chrome, base: str, docname: str) -> list[
     """Break a notebook page in the browser; every check must notice. Returns failures."""
     driver.get(f"{base}/{docname}.html")
     driver.execute_async_script(_WAIT_FOR_MATHJAX)
-    driver.execute_script(_BREAK_PAGE)
+    driver.execute_script(_BREAK_PAGE, str(ROOT))
     found = " | ".join(problems_of(inspect(driver), docname, base, notebook=True))
     expected = {"broken image": "image did not load", "raw TeX": "raw TeX",
-                "missing Colab link": "Colab launch link missing"}
+                "missing Colab link": "Colab launch link missing",
+                "unrendered directive": "unrendered directive fence",
+                "machine path": "absolute path of the building machine",
+                "stderr output": "stderr output in a cell not tagged expect-warning"}
     return [f"negative control: the {name} check did not fire" for name, marker in
             expected.items() if marker not in found]
 

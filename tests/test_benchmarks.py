@@ -333,6 +333,62 @@ def test_targets_are_judged_against_their_thresholds():
                   "mlp b=16 K=4")]["met"] is False  # window 150 / 200 is now the best path
 
 
+def test_ratio_summary_ranges_each_ratio_over_the_cells():
+    results = fake_results()
+    # A second cell (b=16, K=8) in which AccumModel.fit is slower than Keras's accumulation.
+    for rec in list(results["throughput"]):
+        if rec["accum_steps"] == 4:
+            slower = {"accum_fit": 60.0}.get(rec["config"], rec["median"])
+            results["throughput"].append(dict(rec, accum_steps=8, median=slower))
+    summary = {row["key"]: row for row in bm.ratio_summary(results)}
+    fit = summary["fit_vs_keras"]
+    assert (fit["cells"], fit["met"], fit["target"]) == (2, 1, bm.FIT_RATIO_TARGET)
+    assert fit["low"] == pytest.approx(60 / 80) and fit["high"] == pytest.approx(90 / 80)
+    assert fit["median"] == pytest.approx((60 / 80 + 90 / 80) / 2)
+    small = summary["small_vs_large"]  # (1)/(2), no target
+    assert small["low"] == small["high"] == pytest.approx(100 / 400) and small["met"] is None
+    assert list(summary) == [k for k, _, _ in bm.SUMMARY_RATIOS]  # every ratio, in order
+
+
+@pytest.mark.parametrize("plot, values", [
+    (bm.plot_split_cost, {100 / 400, 190 / 400}),  # (1)/(2) and best accumcore / (2)
+    (bm.plot_vs_keras, {90 / 80, 95 / 100}),  # (4)/(3) at spe=1 and at the large spe
+    (bm.plot_ratios, {90 / 80, 190 / 200, 190 / 400}),
+])
+def test_cell_ratio_plots_are_horizontal_labelled_with_the_legend_below(plot, values):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = plot(fake_results())
+    try:
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel() == "model and cell"
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["mlp b=16, K=4 (B=64)"]
+        widths = {round(p.get_width(), 6) for p in ax.patches}
+        assert widths == {round(v, 6) for v in values}  # one bar per ratio, its length
+        legend = ax.get_legend()
+        assert legend is not None and legend.get_bbox_to_anchor().y1 < ax.bbox.y0  # below
+    finally:
+        plt.close(ax.figure)
+
+
+def test_throughput_plot_has_one_row_per_configuration():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = bm.plot_throughput(fake_results(), "mlp")
+    try:
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels == [f"({n}) {label}" for n, label in bm.CONFIGS.values()]
+        assert ax.get_xlabel() == "throughput (samples/s)"
+        assert max(p.get_width() for p in ax.patches) == 400.0  # fit_B, the fastest
+    finally:
+        plt.close(ax.figure)
+
+
 def test_memory_target_fails_when_accumulation_grows_with_k():
     results = fake_results()
     for rec in results["memory"]:
@@ -354,7 +410,10 @@ def write_fake_run(tmp_path, results: dict) -> str:
 def test_report_is_well_formed_and_validates(tmp_path):
     out = write_fake_run(tmp_path, fake_results())
     text = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
-    for fragment in ("### Targets", "missed by", "No GPU results yet", "| (4) accumcore "
+    for fragment in ("### Summary", "| (4)/(3): AccumModel.fit / fit with Keras's accumulation, "
+                     "steps_per_execution=1 | 1 | 1.12 | 1.12 | 1.12 | ≥ 1 | 1 of 1 |",
+                     "| graph operations / minimal accumulator's (entry points) | 4 | 1.41 |",
+                     "### Targets", "missed by", "No GPU results yet", "| (4) accumcore "
                      "AccumModel.fit | 90 (±0 %) |", "![memory](memory.png)", "retracer",
                      "### Graph operations", "| mlp | AccumTrainer.window_step | 700 | "
                      "one window per call (split in the graph) | 450 | 1.56 | **no** |",

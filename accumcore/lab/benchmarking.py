@@ -440,9 +440,10 @@ def throughput_ratios(results: dict) -> list[dict[str, Any]]:
     ``vs_floor`` = its throughput over the floor compiled the same way (8); ``per_floor`` =
     that ratio for each compiled configuration; ``best_accum`` = fastest accumcore
     configuration and ``vs_large_batch`` = its throughput over plain fit at B (2);
-    ``large_vs_small`` = (2)/(1); ``split_price`` = ``floor_window`` / ``floor_B``: K passes
-    of b against one pass of B, both one ``tf.function`` call per update and no accumulation,
-    i.e. what splitting the batch costs by itself.
+    ``large_vs_small`` = (2)/(1) and ``small_vs_large`` = (1)/(2); ``split_price`` =
+    ``floor_window`` / ``floor_B``: K passes of b against one pass of B, both one
+    ``tf.function`` call per update and no accumulation, i.e. what splitting the batch costs
+    by itself.
     """
     rows = []
     for model, b, k in throughput_cells(results):
@@ -474,9 +475,47 @@ def throughput_ratios(results: dict) -> list[dict[str, Any]]:
             "best_accum": best_accum,
             "vs_large_batch": ratio(med(best_accum), med("fit_B")) if best_accum else None,
             "large_vs_small": ratio(med("fit_B"), med("fit_b")),
+            "small_vs_large": ratio(med("fit_b"), med("fit_B")),
             "split_price": ratio(med("floor_window"), med("floor_B")),
         })
     return rows
+
+
+#: The per-cell ratios that :func:`ratio_summary` ranges over: (key in a
+#: :func:`throughput_ratios` row, description, target or None).
+SUMMARY_RATIOS: tuple[tuple[str, str, float | None], ...] = (
+    ("fit_vs_keras", "(4)/(3): AccumModel.fit / fit with Keras's accumulation, "
+                     "steps_per_execution=1", FIT_RATIO_TARGET),
+    ("fit_vs_keras_spe", "(4)/(3) at the large steps_per_execution", FIT_RATIO_TARGET),
+    ("vs_minimal", "fastest compiled AccumTrainer path / minimal accumulator (9)",
+     MINIMAL_RATIO_TARGET),
+    ("vs_floor", "fastest of (5)/(6) / its floor (8)", FLOOR_RATIO_TARGET),
+    ("vs_large_batch", "fastest accumcore path / plain fit at B (2)", None),
+    ("small_vs_large", "plain fit at b (1) / plain fit at B (2)", None),
+    ("split_price", "floor split into K micro-batches / the same passes unsplit", None),
+    ("fit_xla_vs_fit", "AccumModel.fit with jit_compile=True / without", None),
+)
+
+
+def ratio_summary(results: dict) -> list[dict[str, Any]]:
+    """One row per ratio of :data:`SUMMARY_RATIOS`: its range over the suite's cells.
+
+    Keys: ``key``, ``label``, ``cells`` (how many cells have the ratio), ``low``, ``median``,
+    ``high``, ``target`` and ``met`` (cells at or above the target; None without a target).
+    Ratios that no cell has are left out.
+    """
+    rows = throughput_ratios(results)
+    summary = []
+    for key, label, target in SUMMARY_RATIOS:
+        values = sorted(r[key] for r in rows if r.get(key) is not None)
+        if not values:
+            continue
+        summary.append({
+            "key": key, "label": label, "cells": len(values), "low": values[0],
+            "median": float(np.median(values)), "high": values[-1], "target": target,
+            "met": None if target is None else sum(v >= target for v in values),
+        })
+    return summary
 
 
 def memory_table(results: dict) -> dict[str, dict[int, int]]:
@@ -632,8 +671,13 @@ def _cell_label(b: int, k: int) -> str:
     return f"b={b}, K={k} (B={b * k})"
 
 
+def _cell_name(row: dict) -> str:
+    return f"{row['model']} {_cell_label(row['micro_batch'], row['accum_steps'])}"
+
+
 def plot_throughput(results: dict, model: str, ax=None):
-    """Median samples/s of every configuration for ``model``, one bar series per (b, K)."""
+    """Median samples/s of every configuration for ``model``: one row per configuration, one
+    bar per (b, K) cell (horizontal, so that the configuration names stay readable)."""
     from accumcore.lab import plotting
 
     groups: dict[str, dict[str, float]] = {}
@@ -648,32 +692,68 @@ def plot_throughput(results: dict, model: str, ax=None):
             groups[f"({num}) {label}"] = series
     if not groups:
         raise ValueError(f"No throughput results for model {model!r}.")
-    ax = plotting.bars(ax, groups, title=f"Training throughput, {model} "
-                       f"({results['device']}; median of {results['settings']['repeats']})",
-                       xlabel="configuration", ylabel="throughput (samples/s)", rotate=60)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return plotting.bars(ax, groups, title=f"Training throughput, {model} "
+                         f"({results['device']}; median of {results['settings']['repeats']})",
+                         xlabel="throughput (samples/s)", ylabel="configuration",
+                         horizontal=True)
+
+
+def _plot_cell_ratios(results: dict, ax, series: dict[str, str], *, title: str, xlabel: str,
+                      reference: float, reference_label: str):
+    from accumcore.lab import plotting
+
+    groups = {_cell_name(row): {name: row[key] or np.nan for name, key in series.items()}
+              for row in throughput_ratios(results)}
+    if not groups:
+        raise ValueError("No throughput results to plot.")
+    ax = plotting.bars(ax, groups, title=title, xlabel=xlabel, ylabel="model and cell",
+                       reference_line=reference, reference_label=reference_label,
+                       horizontal=True)
+    values = [v for g in groups.values() for v in g.values() if v == v]
+    ax.set_xlim(0, 1.08 * max([reference, *values]))  # the reference line inside, not on the edge
+    # Below the axes, under the x label: a figure the width of a book page keeps its width
+    # for the bars (beside them, the legend would squeeze them; inside, it would cover one).
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=min(len(labels), 2), frameon=False)
     return ax
 
 
 def plot_ratios(results: dict, ax=None):
-    """The target ratios per (model, b, K) cell, with the target lines."""
-    from accumcore.lab import plotting
+    """The target ratios per (model, b, K) cell (one row each), with the floor target."""
+    return _plot_cell_ratios(
+        results, ax,
+        {"(4)/(3): AccumModel.fit / Keras accumulation": "fit_vs_keras",
+         "best (5)/(6) / floor (8)": "vs_floor",
+         "best accumcore / plain fit at B (2)": "vs_large_batch"},
+        title=f"Throughput ratios on {results['device']} (higher is better)",
+        xlabel="ratio of samples/s (1 = as fast)", reference=FLOOR_RATIO_TARGET,
+        reference_label=f"{FLOOR_RATIO_TARGET} (floor target)")
 
-    groups = {}
-    for row in throughput_ratios(results):
-        name = f"{row['model']} {_cell_label(row['micro_batch'], row['accum_steps'])}"
-        groups[name] = {
-            "(4)/(3): AccumModel.fit / Keras accumulation": row["fit_vs_keras"] or np.nan,
-            "best (5)/(6) / floor (8)": row["vs_floor"] or np.nan,
-            "best accumcore / plain fit at B (2)": row["vs_large_batch"] or np.nan,
-        }
-    ax = plotting.bars(ax, groups, title="Throughput ratios (higher is better)",
-                       xlabel="model and cell", ylabel="ratio of samples/s (1)",
-                       reference_line=FLOOR_RATIO_TARGET, reference_label="0.95 (floor target)",
-                       rotate=30)
-    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1, label="1.0 (fit target)")
-    ax.legend(fontsize="small")
-    return ax
+
+def plot_split_cost(results: dict, ax=None):
+    """What splitting B into K micro-batches costs: plain fit at b, and the fastest accumcore
+    path, each over plain fit at B (one row per cell; 1 = as fast as one batch of B)."""
+    return _plot_cell_ratios(
+        results, ax,
+        {"plain fit at b (1) / plain fit at B (2)": "small_vs_large",
+         "fastest accumcore path / plain fit at B (2)": "vs_large_batch"},
+        title=f"The price of splitting B into micro-batches ({results['device']})",
+        xlabel="throughput relative to plain fit at B (1 = as fast)", reference=1.0,
+        reference_label="1 = as fast as one batch of B")
+
+
+def plot_vs_keras(results: dict, ax=None):
+    """``AccumModel.fit`` over ``fit`` with Keras's own ``gradient_accumulation_steps``, at one
+    and at many steps per execution (one row per cell; 1 = as fast as Keras)."""
+    spe = (results.get("settings") or {}).get("large_steps_per_execution")
+    return _plot_cell_ratios(
+        results, ax,
+        {"steps_per_execution=1": "fit_vs_keras",
+         f"steps_per_execution={spe}": "fit_vs_keras_spe"},
+        title=f"AccumModel.fit against Keras's own accumulation ({results['device']})",
+        xlabel="throughput ratio (4)/(3) (1 = as fast as Keras)", reference=1.0,
+        reference_label="1 = as fast as Keras")
 
 
 def plot_memory(results: dict, ax=None):
