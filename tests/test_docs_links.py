@@ -398,3 +398,22 @@ def test_skipping_the_browser_check_works_locally_and_never_in_ci(browser_check,
     monkeypatch.setenv("CI", "true")
     with pytest.raises(SystemExit, match="CI never skips"):
         browser_check.skip_requested()
+
+
+# ---------------------------------------------------------------------------- README -> book
+def book_links_without_a_page(readme: str, pages_url: str, toc: str) -> list[str]:
+    """The README's links into the published book whose page ``_toc.yml`` does not list."""
+    docnames = set(re.findall(r"^\s*(?:-\s*file|root):\s*(\S+)", toc, re.MULTILINE))
+    links = re.findall(re.escape(pages_url) + r"([\w/.-]*?)\.html", readme)
+    return [link for link in links if link not in docnames]
+
+
+def test_readme_links_into_the_book_name_its_pages():
+    readme = (ROOT / "README.md").read_text()
+    owner, repo = _repository(ROOT).split("github.com/")[1].split("/")
+    pages = f"https://{owner.lower()}.github.io/{repo}/"
+    toc = (ROOT / "_toc.yml").read_text()
+    assert book_links_without_a_page(readme, pages, toc) == []
+    assert len(re.findall(re.escape(pages) + r"book/", readme)) >= 20  # the links were seen
+    assert book_links_without_a_page(f"{pages}book/no_such_page.html", pages, toc) == [
+        "book/no_such_page"]
