@@ -21,7 +21,7 @@ def _check_tensorflow() -> None:
 
     Supported: TensorFlow >= 2.19 with Keras >= 3.10 (Keras 3 on the TensorFlow backend). CI runs
     TF 2.19.0 + Keras 3.10.0 (Colab's) and TF 2.21.0 + Keras 3.15.1; newer releases are not
-    refused. TF 2.16.2 + Keras 3.3.3 was tried and is not supported (the README's "Supported
+    refused. TF 2.16.2 + Keras 3.3.3 was tried and is not supported (the book's "Supported
     versions" lists what differs there).
     """
     import re

@@ -50,8 +50,9 @@ def loss_reductions(loss: Any) -> list[str | None] | None:
     """The ``reduction`` of each Keras loss in ``loss`` (a loss, a name, a list or dict of them).
 
     Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
-    accumcore's :class:`FunctionLoss` wrapper: the function decides), else one entry per loss
-    (a name stands for a Keras loss with the default ``"sum_over_batch_size"``).
+    accumcore's :class:`~accumcore.denominators.FunctionLoss` wrapper: the function decides),
+    else one entry per loss (a name stands for a Keras loss with the default
+    ``"sum_over_batch_size"``).
     """
     if loss is None:
         return None

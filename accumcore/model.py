@@ -198,9 +198,10 @@ class AccumModel(keras.Model):
     tracked by ``tf.train.Checkpoint(model=model)``; in a weights file it sits under its own
     path, so ``load_weights`` into a plain ``keras.Model`` of the same layers works (serving).
 
-    Keras workflows (README, "Keras workflows"): an unbuilt subclass is built on the first
-    batch, as a plain ``keras.Model`` subclass is; a model without trainable variables
-    (``model.trainable = False``) trains nothing, with a warning, as ``keras.Model.fit`` does;
+    Keras workflows (the book's Reference page "Keras workflows"): an unbuilt subclass is
+    built on the first batch, as a plain ``keras.Model`` subclass is; a model without
+    trainable variables (``model.trainable = False``) trains nothing, with a warning, as
+    ``keras.Model.fit`` does;
     ``keras.models.clone_model`` of a compiled AccumModel keeps its settings; stock
     ``BatchNormalization`` layers draw one warning per model (use ``convert_batchnorm``);
     ``train_on_batch`` runs one micro-batch per call.
