@@ -1,7 +1,9 @@
 """accumcore: exact gradient accumulation for TensorFlow 2 / Keras 3.
 
 One accumulated window of any micro-batch sizes produces the same optimizer update as one large
-batch, to float round-off, for losses that are means over samples (or tokens).
+batch, to float round-off: each micro-batch is weighted by exactly what Keras's own loss divided
+it by (its samples, its sample-weight sum, or its valid elements under a Keras mask or
+``ignore_class``: :mod:`accumcore.denominators`), and the window divides once by the sum.
 
 Entry points:
     :class:`AccumTrainer`  custom loops (eager, ``tf.function``, whole-epoch graph, in-graph split)
@@ -19,7 +21,7 @@ def _check_tensorflow() -> None:
 
     Supported: TensorFlow >= 2.19 with Keras >= 3.10 (Keras 3 on the TensorFlow backend). CI runs
     TF 2.19.0 + Keras 3.10.0 (Colab's) and TF 2.21.0 + Keras 3.15.1; newer releases are not
-    refused. TF 2.16.2 + Keras 3.3.3 was tried and is not supported (the README's "Supported
+    refused. TF 2.16.2 + Keras 3.3.3 was tried and is not supported (the book's "Supported
     versions" lists what differs there).
     """
     import re

@@ -1,8 +1,9 @@
 """Every difference between the Keras 3 versions accumcore supports, in one place.
 
 accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 (CI runs TF 2.19.0 + Keras 3.10.0, as
-on Colab, and TF 2.21.0 + Keras 3.15.1; the README's "Supported versions"). Where the Keras
-versions differ, the library calls the helpers below instead of Keras directly. Each helper
+on Colab, and TF 2.21.0 + Keras 3.15.1; the book's "Supported versions" page,
+``book/reference/versions.md``). Where the Keras versions differ, the library calls the
+helpers below instead of Keras directly. Each helper
 names the versions it bridges and detects the feature (``inspect.signature``, ``getattr``)
 rather than testing version numbers, so that a Keras release in between, or a user's override,
 takes the right branch.
@@ -48,7 +49,7 @@ def functional_model_class() -> type:
         raise ImportError(  # pragma: no cover - a future Keras that changes Model.__new__
             f"accumcore cannot find Keras {keras.__version__}'s functional-model class: "
             f"keras.Model.__new__ returned {cls!r} for the (inputs, outputs) form. Use a Keras "
-            "version the README's 'Supported versions' lists."
+            "version the book's 'Supported versions' page lists (book/reference/versions.md)."
         )
     return cls
 
@@ -100,3 +101,19 @@ def batchnorm_renorm(layer: keras.layers.BatchNormalization) -> bool:
     such argument, so it never renormalises (Keras itself rejects ``renorm=`` there).
     """
     return bool(getattr(layer, "renorm", False))
+
+
+def keras_mask(tensor: Any) -> Any:
+    """The Keras mask a tensor carries (``None`` if none): what ``keras.losses.Loss`` reads.
+
+    Layers that produce a mask (``Embedding(mask_zero=True)``, ``Masking``, any layer's
+    ``compute_mask``) attach it to their output as the attribute ``_keras_mask``, the name the
+    Keras masking guide documents ("Understanding masking & padding":
+    ``masked_output._keras_mask``); a loss's ``call`` attaches one to its per-element values
+    the same way (``SparseCategoricalCrossentropy(ignore_class=...)``).
+
+    Version difference: Keras 3.10 reads and writes the attribute directly; Keras 3.15 goes
+    through ``keras.src.backend.get_keras_mask`` (not exported), which reads the same attribute
+    and falls back to a table for tensor types that cannot carry attributes (TensorFlow's can).
+    """
+    return getattr(tensor, "_keras_mask", None)

@@ -16,7 +16,7 @@ END_OF_EPOCH_POLICIES = ("apply", "carry", "drop")
 NONFINITE_POLICIES = ("raise", "skip_micro_batch", "skip_window")
 
 #: How the summed loss of a window is normalised (see :class:`accumcore.AccumulationState`).
-NORMALIZERS = ("samples", "sample_weight")
+NORMALIZERS = ("auto", "samples", "sample_weight")
 
 
 def check_positive_int(value: Any, name: str, *, meaning: str = "") -> int:
@@ -120,7 +120,8 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
 
 
 def check_normalizer(normalizer: Any) -> str | Callable:
-    """Check the ``normalizer`` argument: ``"samples"``, ``"sample_weight"`` or a callable."""
+    """Check the ``normalizer`` argument: ``"auto"``, ``"samples"``, ``"sample_weight"`` or a
+    callable."""
     if callable(normalizer):
         return normalizer
     return check_choice(normalizer, "normalizer", NORMALIZERS)

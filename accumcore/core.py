@@ -12,6 +12,14 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
+from accumcore.denominators import (
+    FunctionLoss,
+    micro_batch_weight,
+    recording,
+    resolve_loss,
+    uncounted,
+)
+
 
 def first_leaf(x: Any) -> tf.Tensor:
     """The first non-``None`` tensor in a (possibly nested) input structure."""
@@ -26,35 +34,14 @@ def batch_size_of(x: Any) -> tf.Tensor:
     return tf.shape(first_leaf(x))[0]
 
 
-def micro_batch_weight(
-    normalizer: str | Callable, x: Any, y: Any, sample_weight: Any
-) -> tf.Tensor:
-    """The weight ``c_i`` of one micro-batch (float32 scalar).
-
-    * ``"samples"``: the number of samples. Exact for Keras's default
-      ``sum_over_batch_size`` reduction, which divides by the number of loss elements (with or
-      without sample weights), as long as every sample has the same number of loss elements.
-    * ``"sample_weight"``: the sum of the sample weights (the number of samples when there are
-      none); exact for losses normalised by the weight sum
-      (``reduction="mean_with_sample_weight"``).
-    * a callable ``f(x, y, sample_weight) -> scalar``: e.g. the number of valid tokens, for a
-      loss that is the mean over those tokens.
-    * ``"sum"`` (resolved from a loss with ``reduction="sum"``, see :func:`resolve_normalizer`):
-      the number of samples, recorded for logging only (summed losses are not divided).
-    """
-    if callable(normalizer):
-        return tf.cast(normalizer(x, y, sample_weight), tf.float32)
-    if normalizer == "sample_weight" and sample_weight is not None:
-        return tf.reduce_sum(tf.cast(sample_weight, tf.float32))
-    return tf.cast(batch_size_of(x), tf.float32)
-
-
 #: Keras loss reductions and the normaliser that makes a window exact for each (see
-#: :func:`resolve_normalizer`). "mean" is Keras's alias of "sum_over_batch_size".
+#: :func:`resolve_normalizer`): every mean is weighted by what it divided by ("auto", read
+#: from the loss as it runs: :mod:`accumcore.denominators`); a summed loss is not divided.
+#: "mean" is Keras's alias of "sum_over_batch_size".
 REDUCTION_NORMALIZERS = {
-    "sum_over_batch_size": "samples",
-    "mean": "samples",
-    "mean_with_sample_weight": "sample_weight",
+    "sum_over_batch_size": "auto",
+    "mean": "auto",
+    "mean_with_sample_weight": "auto",
     "sum": "sum",
 }
 
@@ -63,21 +50,21 @@ def loss_reductions(loss: Any) -> list[str | None] | None:
     """The ``reduction`` of each Keras loss in ``loss`` (a loss, a name, a list or dict of them).
 
     Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
-    accumcore's :class:`FunctionLoss` wrapper: the function decides), else one entry per loss
-    (a name stands for a Keras loss with the default ``"sum_over_batch_size"``).
+    accumcore's :class:`~accumcore.denominators.FunctionLoss` wrapper: the function decides),
+    else one entry per loss (a name stands for a Keras loss with the default
+    ``"sum_over_batch_size"``).
     """
     if loss is None:
         return None
-    leaves = tf.nest.flatten(loss)
     reductions: list[str | None] = []
-    for leaf in leaves:
+    for leaf in tf.nest.flatten(uncounted(loss)):
         if leaf is None:
             continue
         if isinstance(leaf, str):  # `compile` and `as_loss_fn` wrap names with the default
             reductions.append("sum_over_batch_size")
             continue
         if isinstance(leaf, FunctionLoss) or not isinstance(leaf, keras.losses.Loss):
-            return None  # a function: it returns its own (mean) value; trust the normaliser
+            return None  # a function: it returns its own (mean) value
         reductions.append(getattr(leaf, "reduction", "sum_over_batch_size"))
     return reductions or None
 
@@ -86,25 +73,28 @@ def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Ca
     """The normaliser that makes accumulation exact for ``loss``, checked against ``normalizer``.
 
     Args:
-        normalizer: the user's choice: ``None`` or ``"samples"`` (the default: follow the
-            loss), ``"sample_weight"``, or a callable item count (always kept).
+        normalizer: the user's choice: ``None`` or ``"auto"`` (the default: weigh every
+            micro-batch by what its loss divided by, read as the loss runs), ``"samples"``,
+            ``"sample_weight"`` (both checked against the loss's own denominator as it runs:
+            :func:`accumcore.denominators.micro_batch_weight`), or a callable item count (always
+            kept, used as given).
         loss: the loss (see :func:`loss_reductions`).
 
     Returns:
-        ``"samples"`` for ``sum_over_batch_size``/``mean`` losses, ``"sample_weight"`` for
-        ``mean_with_sample_weight``, ``"sum"`` for ``reduction="sum"`` (no division: the loss
-        is already a sum), or the callable.
+        ``"sum"`` for losses with ``reduction="sum"`` (no division: the loss is already a
+        sum), else ``normalizer`` (``"auto"`` for ``None``) or the callable.
 
     Raises:
         ValueError: for ``reduction=None``/``"none"`` (per-sample losses, not a scalar), for
-            losses with different normalisers in one model, and for an explicit
-            ``"sample_weight"`` that contradicts the loss's reduction.
+            summed and mean losses in one model, and for an explicit ``"sample_weight"``
+            with a loss that does not divide by the weight sum.
     """
     if callable(normalizer):
         return normalizer
+    normalizer = normalizer or "auto"
     reductions = loss_reductions(loss)
     if reductions is None:
-        return normalizer or "samples"
+        return normalizer
     unsupported = [r for r in reductions if r not in REDUCTION_NORMALIZERS]
     if unsupported:
         raise ValueError(
@@ -115,19 +105,20 @@ def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Ca
     matching = {REDUCTION_NORMALIZERS[r] for r in reductions}
     if len(matching) > 1:
         raise ValueError(
-            f"The model's losses have reductions {sorted(set(reductions))}, which need "
-            "different normalisers; accumulation can be exact for one only. Give every output "
-            "the same reduction (e.g. the default 'sum_over_batch_size')."
+            f"The model's losses have reductions {sorted(set(reductions))}: a summed loss "
+            "(reduction='sum') is not divided and a mean is, so one window cannot be exact for "
+            "both. Give every output a mean reduction (e.g. the default 'sum_over_batch_size')."
         )
-    (resolved,) = matching
-    if normalizer == "sample_weight" and resolved != "sample_weight":
+    if matching == {"sum"}:
+        return "sum"
+    if normalizer == "sample_weight" and "mean_with_sample_weight" not in reductions:
         raise ValueError(
             f"normalizer='sample_weight' does not match the loss's reduction "
             f"{reductions[0]!r}, which divides by the number of loss elements (or not at all "
             "for 'sum'): leave `normalizer` unset, or use "
             "reduction='mean_with_sample_weight' for a loss normalised by the weight sum."
         )
-    return resolved
+    return normalizer
 
 
 def replica_loss_factor() -> float:
@@ -142,34 +133,15 @@ def replica_loss_factor() -> float:
     return 1.0
 
 
-class FunctionLoss(keras.losses.Loss):
-    """A Keras loss (mean reduction, sample weights) around ``fn(y_true, y_pred)``.
-
-    ``fn`` returns per-sample losses (shape ``(batch,)`` or ``(batch, ...)``) or a scalar mean.
-    """
-
-    def __init__(self, fn: Callable, name: str | None = None) -> None:
-        super().__init__(name=name or getattr(fn, "__name__", "loss"))
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
-
-
 def as_loss_fn(loss: Any) -> keras.losses.Loss:
-    """A reducing Keras loss from a loss instance, a string name, or a callable."""
-    if isinstance(loss, keras.losses.Loss):
-        return loss
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-        if isinstance(loss, keras.losses.Loss):
-            return loss
-    if callable(loss):
-        return FunctionLoss(loss)
-    raise TypeError(
-        f"`loss` must be a keras.losses.Loss, a loss name such as "
-        f"'sparse_categorical_crossentropy', or a callable(y_true, y_pred), got {loss!r}."
-    )
+    """A reducing Keras loss from a loss instance, a string name, or a callable, as
+    ``model.compile`` makes it (:func:`accumcore.denominators.resolve_loss`)."""
+    if isinstance(loss, str) and loss.lower() in ("crossentropy", "ce"):
+        raise ValueError(
+            f"`loss`={loss!r} is chosen from the data by `model.compile`; name the loss "
+            "instead, e.g. 'sparse_categorical_crossentropy'."
+        )
+    return resolve_loss(loss)
 
 
 class MicroBatchResult(NamedTuple):
@@ -207,10 +179,13 @@ def summed_loss_gradients(
     Args:
         model: the Keras model (built).
         loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's *mean*
-            loss (float scalar), e.g. ``model.compute_loss``.
+            loss (float scalar), e.g. ``model.compute_loss``. Its
+            :class:`~accumcore.denominators.CountedLoss` es report what they divided by.
         x, y, sample_weight: one micro-batch.
-        normalizer: how to weigh the micro-batch (see :func:`micro_batch_weight`); ``"sum"``
-            for a summed loss (its gradient is accumulated as it is).
+        normalizer: how to weigh the micro-batch (see
+            :func:`accumcore.denominators.micro_batch_weight`): ``"auto"`` (what the loss divided
+            by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` for a summed loss
+            (its gradient is accumulated as it is).
         optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).
 
     Returns:
@@ -218,11 +193,14 @@ def summed_loss_gradients(
         the loss scale, if any) for ``model.trainable_variables``.
     """
     variables = model.trainable_variables
-    weight = micro_batch_weight(normalizer, x, y, sample_weight)
     summed_loss = normalizer == "sum"  # reduction="sum": the loss is already c_i * L_i
     with tf.GradientTape() as tape:
-        y_pred = model(x, training=True)
-        loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
+        with recording() as denominators:
+            y_pred = model(x, training=True)
+            loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
+        weight = tf.stop_gradient(
+            micro_batch_weight(normalizer, denominators, x, y, sample_weight, y_pred,
+                          batch_size_of(x)))
         loss = loss * replica_loss_factor()
         if summed_loss and model.losses:
             raise ValueError(

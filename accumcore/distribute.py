@@ -33,7 +33,8 @@ Gradient clipping: Keras clips *before* its all-reduce, i.e. per replica. For an
 with ``clipnorm``, ``clipvalue`` or ``global_clipnorm`` the window's gradient sums are therefore
 reduced with the status (still one batch of accumcore's), replica 0 passes the global mean
 gradient and the others zeros: Keras clips the true large-batch gradient and its all-reduce adds
-exact zeros. That costs one more gradient-sized all-reduce per window (see the README).
+exact zeros. That costs one more gradient-sized all-reduce per window
+(the book's Reference page on multiple devices).
 
 Mixed precision under a strategy: the window's finiteness is one more flag of the status
 reduction (the ``LossScaleOptimizer``'s own cross-replica check would read only the first

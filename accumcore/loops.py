@@ -38,6 +38,7 @@ from accumcore.core import (
     resolve_normalizer,
     summed_loss_gradients,
 )
+from accumcore.denominators import CountedLoss
 from accumcore.state import AccumulationState, NonFinitePolicy
 
 MODES = ("eager", "function", "graph")
@@ -119,6 +120,10 @@ class LoopHistory:
         window_losses: mean loss over each closed window: ``sum c_i L_i / sum c_i``, exactly the
             loss a large batch made of that window would report.
         epoch_losses: mean loss over each epoch (per sample / item).
+        epoch_weights: ``sum c_i`` over each epoch: what the epoch's loss is a mean over (its
+            samples, its sample-weight sum, or its valid tokens under a mask). Under a
+            ``MultiWorkerMirroredStrategy`` the records (losses and weights) are this worker's
+            replicas'; the update itself uses every worker's.
         updates: number of optimizer updates applied in each epoch.
         counters: :meth:`AccumulationState.counters` after the last epoch.
     """
@@ -127,6 +132,7 @@ class LoopHistory:
     micro_weights: list[float] = field(default_factory=list)
     window_losses: list[float] = field(default_factory=list)
     epoch_losses: list[float] = field(default_factory=list)
+    epoch_weights: list[float] = field(default_factory=list)
     updates: list[int] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
 
@@ -181,6 +187,7 @@ class HistoryBook:
             self._reset("window")
         weight = self.sums["epoch_weight"]
         self.history.epoch_losses.append(self.sums["epoch_loss"] / weight if weight else 0.0)
+        self.history.epoch_weights.append(weight)
         self.history.updates.append(updates)
         self._reset("epoch")
 
@@ -195,9 +202,11 @@ class AccumTrainer:
             ``LossScaleOptimizer`` included), without ``gradient_accumulation_steps``; or a
             name such as ``"adam"`` (``keras.optimizers.get``, as ``model.compile``). Replace
             it between ``fit`` calls by assigning ``trainer.optimizer`` (fine-tuning).
-        loss: a ``keras.losses.Loss``, a loss name, or ``callable(y_true, y_pred)``. Must be a
-            mean over samples (or items, see ``normalizer``), or a Keras loss with
-            ``reduction="sum"`` (accumulated without division). Regularisation losses
+        loss: a ``keras.losses.Loss``, a loss name, or ``callable(y_true, y_pred)`` (wrapped
+            as ``model.compile`` wraps it). Every micro-batch is weighted by what the loss
+            divided it by: its samples, its sample-weight sum, or its valid elements under a
+            Keras mask of the model's output or ``ignore_class``; a loss with
+            ``reduction="sum"`` is accumulated without division. Regularisation losses
             (``model.losses``) are added, as in ``model.fit``.
         accum_steps: K, micro-batches per update. Or give ``effective_batch_size`` and
             ``micro_batch_size`` (K = B / b).
@@ -205,11 +214,12 @@ class AccumTrainer:
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
             :class:`~accumcore.NonFinitePolicy`.
-        normalizer: ``"samples"`` (default: follows the loss's reduction, so
-            ``"mean_with_sample_weight"`` uses the weight sum and ``"sum"`` no division),
-            ``"sample_weight"`` or a callable ``(x, y, sample_weight) -> item count``; see
-            :func:`accumcore.core.resolve_normalizer` and
-            :func:`accumcore.core.micro_batch_weight`.
+        normalizer: ``"auto"`` (default: the loss's own denominator, read as it runs:
+            samples, sample-weight sum or valid elements; no division for ``"sum"``),
+            ``"samples"`` or ``"sample_weight"`` (checked against that denominator: a masked
+            loss refuses ``"samples"``), or a callable ``(x, y, sample_weight) -> item count``,
+            used as given; see :func:`accumcore.core.resolve_normalizer` and
+            :func:`accumcore.denominators.micro_batch_weight`.
         jit_compile: compile the ``tf.function`` steps with XLA.
 
     The trainable set is followed: freeze or unfreeze layers between calls and the next
@@ -234,7 +244,7 @@ class AccumTrainer:
         micro_batch_size: int | None = None,
         end_of_epoch: str = "apply",
         nonfinite: str | NonFinitePolicy = "raise",
-        normalizer: str | Callable = "samples",
+        normalizer: str | Callable = "auto",
         jit_compile: bool = False,
     ) -> None:
         if not isinstance(model, keras.Model):
@@ -246,6 +256,7 @@ class AccumTrainer:
         )
         self.model = model
         self.loss = as_loss_fn(loss)
+        self._counted_loss = CountedLoss(self.loss)  # reports what it divides by
         settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
         self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
         # What the window rule uses: the normaliser matching the loss's reduction.
@@ -343,7 +354,7 @@ class AccumTrainer:
                 "`dataset` yields no labels (y), but the loss needs them: make it yield "
                 "`(x, y)` or `(x, y, sample_weight)` tuples."
             )
-        loss = self.loss(y, y_pred, sample_weight)
+        loss = self._counted_loss(y, y_pred, sample_weight)
         if self.model.losses:
             # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
             # as summed_loss_gradients multiplies the sum back (replica_loss_factor).

@@ -38,6 +38,7 @@ from accumcore.core import (
     resolve_normalizer,
     summed_loss_gradients,
 )
+from accumcore.denominators import counted, uncounted
 from accumcore.distribute import is_loss_scale_optimizer
 from accumcore.state import NONFINITE, AccumulationState, NonFinitePolicy, saved_micro_step
 
@@ -179,21 +180,28 @@ class AccumModel(keras.Model):
         end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
         nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
             :class:`~accumcore.NonFinitePolicy` (a custom one cannot be serialised).
-        normalizer: ``"samples"`` (default), ``"sample_weight"`` or a callable
-            ``(x, y, sample_weight) -> item count``.
+        normalizer: ``"auto"`` (default: each micro-batch weighted by what the compiled loss
+            divided it by: its samples, its sample-weight sum, or its valid elements under a
+            Keras mask or ``ignore_class``), ``"samples"`` / ``"sample_weight"`` (checked
+            against that denominator), or a callable ``(x, y, sample_weight) -> item count``,
+            used as given.
 
     Any other keyword raises ``TypeError`` naming it and the valid ones (a functional
     ``keras.Model`` silently ignores unknown keywords, so ``accumulation_steps=4`` would train
     with K = 1 unnoticed).
 
-    The loss logged by ``fit`` is the true per-sample mean over the epoch. The accumulation
+    ``compile`` wraps each loss in a :class:`~accumcore.denominators.CountedLoss` (same value;
+    it reports what the loss divided by); ``model.loss`` stays the loss given to ``compile``.
+    The loss logged by ``fit`` is the true mean over the epoch's samples (or tokens: the
+    loss's own denominator). The accumulation
     state (a half-full window included) is saved with ``model.save`` / ``save_weights`` and
     tracked by ``tf.train.Checkpoint(model=model)``; in a weights file it sits under its own
     path, so ``load_weights`` into a plain ``keras.Model`` of the same layers works (serving).
 
-    Keras workflows (README, "Keras workflows"): an unbuilt subclass is built on the first
-    batch, as a plain ``keras.Model`` subclass is; a model without trainable variables
-    (``model.trainable = False``) trains nothing, with a warning, as ``keras.Model.fit`` does;
+    Keras workflows (the book's Reference page "Keras workflows"): an unbuilt subclass is
+    built on the first batch, as a plain ``keras.Model`` subclass is; a model without
+    trainable variables (``model.trainable = False``) trains nothing, with a warning, as
+    ``keras.Model.fit`` does;
     ``keras.models.clone_model`` of a compiled AccumModel keeps its settings; stock
     ``BatchNormalization`` layers draw one warning per model (use ``convert_batchnorm``);
     ``train_on_batch`` runs one micro-batch per call.
@@ -224,7 +232,7 @@ class AccumModel(keras.Model):
         accum_steps: int | None = None,
         end_of_epoch: str = "apply",
         nonfinite: str | NonFinitePolicy = "raise",
-        normalizer: str | Callable = "samples",
+        normalizer: str | Callable = "auto",
         **kwargs: Any,
     ) -> None:
         functional = compat.functional_model_class()
@@ -288,7 +296,7 @@ class AccumModel(keras.Model):
         if callable(self.normalizer):
             raise ValueError(
                 "An AccumModel with a callable `normalizer` cannot be serialised; pass "
-                "normalizer='samples' or 'sample_weight', or re-create the model in code."
+                "normalizer='auto', 'samples' or 'sample_weight', or re-create the model in code."
             )
         if not isinstance(self.nonfinite, str):
             raise ValueError(
@@ -311,6 +319,22 @@ class AccumModel(keras.Model):
     def _settings(self) -> dict:
         return {k: getattr(self, k) for k in _CONFIG_KEYS}
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``keras.Model.compile``, with every loss wrapped so that it reports what it divides
+        by (:func:`accumcore.denominators.counted`; the values are Keras's own).
+
+        ``model.loss`` is the loss as given; the compile config (``model.save``,
+        ``clone_model``) holds the wrapped losses, which load as themselves.
+        """
+        args = list(args)
+        if len(args) > 1:
+            args[1] = counted(args[1], getattr(self, "output_names", None))
+        elif "loss" in kwargs:
+            kwargs["loss"] = counted(kwargs["loss"], getattr(self, "output_names", None))
+        super().compile(*args, **kwargs)
+        if getattr(self, "loss", None) is not None:
+            self.loss = uncounted(self.loss)
+
     def get_compile_config(self) -> dict | None:
         """Keras's compile config, plus the accumulation settings under one extra key.
 
@@ -328,7 +352,12 @@ class AccumModel(keras.Model):
         """Keras's ``compile_from_config``, then the settings of :meth:`get_compile_config`."""
         config = dict(config)
         settings = config.pop(_COMPILE_KEY, None)
-        super().compile_from_config(config)
+        # What keras.Model.compile_from_config does (Keras 3.10-3.15), which skips a
+        # `compile` that a subclass overrides, as AccumModel does (to count the losses).
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if getattr(self, "optimizer", None) is not None and self.built:
+            self.optimizer.build(self.trainable_variables)
         if settings:
             self.set_accumulation(**settings)
 

@@ -143,7 +143,7 @@ class _Scalar(NamedTuple):
 #: Every scalar of the state, in the order of ``variables_for_saving`` (after the
 #: accumulators; the order of ``.keras`` files' ``accumcore_<i>`` entries: never reorder).
 _SCALARS = (
-    _Scalar("window_weight", 0.0, summed=True, window=True, reported=False, saved=True),
+    _Scalar("window_weight", 0.0, summed=True, window=True, reported=True, saved=True),
     _Scalar("micro_step", 0, summed=False, window=True, reported=True, saved=True),
     _Scalar("window_samples", 0, summed=True, window=True, reported=True, saved=True),
     _Scalar("windows_applied", 0, summed=False, window=False, reported=True, saved=True),
@@ -453,10 +453,16 @@ class AccumulationState(tf.Module):
         self._check_built()
         return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.saved)]
 
-    def counters(self) -> dict[str, int]:
-        """Run-long counters as Python ints (reads the variables; call outside graphs)."""
+    def counters(self) -> dict[str, int | float]:
+        """The counters as Python numbers (reads the variables; call outside graphs): the
+        run-long counts (ints) and the pending window's ``micro_step``, ``window_samples`` and
+        ``window_weight`` (``sum_i c_i``, a float: samples, sample-weight sum or valid tokens,
+        whatever the loss divides by)."""
         self._check_built()
-        return {s.name: int(getattr(self, s.name).numpy()) for s in _SCALARS if s.reported}
+        return {
+            s.name: (float if isinstance(s.initial, float) else int)(getattr(self, s.name).numpy())
+            for s in _SCALARS if s.reported
+        }
 
     # ------------------------------------------------------------------ the window life cycle
     def accumulate(
@@ -499,9 +505,14 @@ class AccumulationState(tf.Module):
             for i, g in present:
                 acc = self.accumulators[i]
                 if isinstance(g, tf.IndexedSlices):
-                    acc.scatter_add(
-                        tf.IndexedSlices(tf.cast(g.values, acc.dtype), g.indices, g.dense_shape)
-                    )
+                    values = tf.cast(g.values, acc.dtype)
+                    if self._replicas.distributed:
+                        # A replica-local (ON_READ) variable has no scatter_add: add the rows
+                        # as one dense tensor (repeated indices summed, as scatter_add does).
+                        acc.assign_add(tf.math.unsorted_segment_sum(
+                            values, g.indices, num_segments=acc.shape[0]))
+                    else:
+                        acc.scatter_add(tf.IndexedSlices(values, g.indices, g.dense_shape))
                 else:
                     acc.assign_add(tf.cast(g, acc.dtype))
             self.window_weight.assign_add(weight)

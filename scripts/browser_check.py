@@ -7,18 +7,33 @@ For each page listed in ``_toc.yml`` (served from ``_build/html`` on 127.0.0.1):
 * where the page has math, MathJax (the vendored copy in ``book/_static/mathjax``, not a CDN)
   rendered it: every ``.math`` element holds an ``mjx-container`` and no raw ``\\[`` / ``\\(``
   is left in the text outside code blocks;
+* on the Reference pages (``book/reference/``), every table fits the page width;
 * on notebook pages, the Colab launch link points to
-  ``https://colab.research.google.com/github/accumcore/accumcore/blob/main/<docname>.ipynb``.
+  ``https://colab.research.google.com/github/<owner>/<repo>/blob/<branch>/<docname>.ipynb``,
+  the repository and branch of ``_config.yml``;
+* nothing a reader must not see (``scripts/book_checks.py``, ``page_problems``): no directive
+  fence or role left unrendered (a raw ```` ```{admonition} ```` block), no absolute path of the
+  building machine (the repository, the Python environment, the home directory, or any
+  ``/.../*.py`` file as warnings and tracebacks print them), and no Python warning or other
+  stderr output in a cell unless the cell is tagged ``expect-warning``.
 
 Before the real pages it runs a negative control: it loads one page, breaks it in the browser
-(a missing image, raw TeX, the Colab link removed) and requires each check to report it, so a
+(a missing image, raw TeX, the Colab link removed, a raw directive fence, a cell whose stderr
+output prints a warning with the repository's path) and requires each check to report it, so a
 check that cannot fail fails the run.
 
-Uses Debian's ``/usr/bin/chromium`` and ``/usr/bin/chromedriver`` (``apt-get install chromium
-chromium-driver``); never Selenium Manager downloads.
+The browser (:func:`find_browser`): ``$ACCUMCORE_CHROMIUM`` / ``$ACCUMCORE_CHROMEDRIVER`` if
+set, else the first of ``chromium``, ``chromium-browser``, ``google-chrome`` (...) on ``PATH``
+with a ``chromedriver`` on ``PATH`` (Debian: ``apt-get install chromium chromium-driver``).
+With a browser but no driver, Selenium Manager finds a matching driver (it may download one).
+``--install-missing`` (what ``scripts/check-book.sh`` passes) installs Debian's packages with
+apt-get when none is found and that is possible (root, apt-get present); otherwise the check
+fails with one line saying how to install one, or how to skip this one step locally
+(``ACCUMCORE_SKIP_BROWSER=1``, refused when ``CI=true``: CI never skips it).
 
-Usage: ``python scripts/browser_check.py [--html _build/html] [--screenshot out.png
-[--screenshot-page book/01_eager_loop]]``. Exit status 1 if any page fails.
+Usage: ``python scripts/browser_check.py [--html _build/html] [--install-missing]
+[--screenshot out.png [--screenshot-page book/01_eager_loop]]``. Exit status 1 if any page
+fails.
 """
 
 from __future__ import annotations
@@ -26,7 +41,9 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -39,10 +56,21 @@ import yaml
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import book_checks  # noqa: E402 - scripts/ is not a package
+
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-COLAB = "https://colab.research.google.com/github/accumcore/accumcore/blob/main/{}.ipynb"
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+MACOS_BROWSERS = ("/Applications/Chromium.app/Contents/MacOS/Chromium",
+                  "/Applications/Google Chrome.app/Contents/MacOS/Google Chrome")
+DRIVERS = ("chromedriver", "/usr/lib/chromium/chromedriver")
+INSTALL_HINT = (
+    "browser check: no Chromium or Chrome found (looked for $ACCUMCORE_CHROMIUM, "
+    + ", ".join(BROWSERS) + " on PATH): install one with its chromedriver (Debian/Ubuntu: "
+    "`sudo apt-get install chromium chromium-driver`; macOS: `brew install --cask chromium "
+    "chromedriver`), or skip this one step locally with ACCUMCORE_SKIP_BROWSER=1 (CI never "
+    "skips it)"
+)
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -95,16 +123,68 @@ def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def make_driver(profile: str) -> webdriver.Chrome:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not Path(path).exists():
-            sys.exit(f"browser_check: {path} is missing: apt-get install chromium chromium-driver")
+def colab_template(config_path: Path = ROOT / "_config.yml") -> str:
+    """The Colab launch URL of a docname (``{}``), from ``_config.yml``'s ``repository``."""
+    repository = yaml.safe_load(config_path.read_text())["repository"]
+    slug = repository["url"].rstrip("/").removesuffix(".git").split("github.com/", 1)[1]
+    branch = repository.get("branch", "main")
+    return f"https://colab.research.google.com/github/{slug}/blob/{branch}/{{}}.ipynb"
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name) or (name if os.path.isabs(name) and os.access(name, os.X_OK)
+                                  else None)
+
+
+def find_browser() -> tuple[str | None, str | None]:
+    """``(browser, chromedriver)`` to use; ``None`` for what was not found."""
+    browser = os.environ.get("ACCUMCORE_CHROMIUM") or next(
+        (found for name in (*BROWSERS, *MACOS_BROWSERS) if (found := _which(name))), None)
+    driver = os.environ.get("ACCUMCORE_CHROMEDRIVER") or next(
+        (found for name in DRIVERS if (found := _which(name))), None)
+    return browser, driver
+
+
+def skip_requested() -> bool:
+    """``ACCUMCORE_SKIP_BROWSER=1`` outside CI; under ``CI=true`` asking to skip is an error."""
+    if os.environ.get("ACCUMCORE_SKIP_BROWSER", "") not in ("", "0"):
+        if os.environ.get("CI", "").lower() == "true":
+            sys.exit("browser check: ACCUMCORE_SKIP_BROWSER is set, but CI never skips the "
+                     "browser check (CI=true): unset it")
+        return True
+    return False
+
+
+def install_browser() -> bool:
+    """Install Debian's chromium and chromium-driver with apt-get when that is possible (root,
+    apt-get on PATH). Returns whether it ran the installation successfully."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return False
+    print("browser check: installing Debian's chromium and chromium-driver (apt-get)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for command in (["apt-get", "update", "-q"],
+                    ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium",
+                     "chromium-driver"]):
+        if subprocess.run(command, env=env).returncode != 0:
+            return False
+    return True
+
+
+def make_driver(profile: str, install_missing: bool = False) -> webdriver.Chrome:
+    browser, driver_path = find_browser()
+    if browser is None and install_missing and install_browser():
+        browser, driver_path = find_browser()
+    if browser is None:
+        sys.exit(INSTALL_HINT)
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM  # with Service(path): no Selenium Manager lookup
+    options.binary_location = browser
     for flag in FLAGS:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # With a chromedriver path there is no Selenium Manager lookup; without one, Selenium
+    # Manager finds (or downloads) a driver that matches the browser.
+    service = Service(driver_path) if driver_path else Service()
+    driver = webdriver.Chrome(service=service, options=options)
     driver.set_page_load_timeout(PAGE_TIMEOUT_S)
     driver.set_script_timeout(PAGE_TIMEOUT_S)
     return driver
@@ -127,6 +207,14 @@ const text = clone.textContent;
 const scripts = Array.from(document.scripts).map((s) => s.src).filter((s) => /mathjax/i.test(s));
 const colab = Array.from(document.querySelectorAll('a[href*="colab.research.google.com"]'))
     .map((a) => a.href);
+const all = document.body.cloneNode(true);
+all.querySelectorAll("script, style").forEach((e) => e.remove());
+const outputs = Array.from(document.querySelectorAll(".cell_output .output")).map((o) => {
+  const cell = o.closest(".cell");
+  const tags = cell ? Array.from(cell.classList).filter((c) => c.startsWith("tag_"))
+      .map((c) => c.slice(4)) : [];
+  return {text: o.textContent, stderr: o.classList.contains("stderr"), tags: tags};
+});
 return {
   title: document.title,
   images: images,
@@ -135,6 +223,9 @@ return {
   rawTex: text.includes("\\\\[") || text.includes("\\\\("),
   mathjaxScripts: scripts,
   colab: colab,
+  prose: text,
+  text: all.textContent,
+  outputs: outputs,
 };
 """
 
@@ -151,9 +242,18 @@ def inspect(driver: webdriver.Chrome) -> dict:
     return info
 
 
+def machine_paths() -> list[str]:
+    """Absolute paths of this machine that a built page must not show (see book_checks)."""
+    paths = {str(ROOT), os.path.realpath(ROOT), sys.prefix, os.path.realpath(sys.prefix)}
+    home = os.path.expanduser("~")
+    if len(Path(home).parts) > 2:  # /home/user, not / or /root (too short to be telling)
+        paths.add(home)
+    return sorted(paths)
+
+
 def problems_of(info: dict, docname: str, base: str, notebook: bool) -> list[str]:
     """The checks; an empty list means the page passed."""
-    problems = []
+    problems = book_checks.page_problems(info, machine_paths())
     title = info["title"] or ""
     if not title.strip() or "404" in title or "error response" in title.lower():
         problems.append(f"bad title {title!r} (missing or error page)")
@@ -172,7 +272,7 @@ def problems_of(info: dict, docname: str, base: str, notebook: bool) -> list[str
         if remote:
             problems.append(f"MathJax loaded from outside the book: {remote}")
     if notebook:
-        expected = COLAB.format(docname)
+        expected = colab_template().format(docname)
         if expected not in info["colab"]:
             problems.append(f"Colab launch link missing or wrong: expected {expected}, "
                             f"found {info['colab'] or 'none'}")
@@ -187,6 +287,16 @@ const p = document.createElement("p");
 p.textContent = "\\\\[ B = b \\\\cdot K \\\\]";
 document.querySelector("main, article, body").appendChild(p);
 document.querySelectorAll('a[href*="colab.research.google.com"]').forEach((a) => a.remove());
+const fence = document.createElement("pre");
+fence.textContent = "```{admonition} Answer\\n:class: dropdown\\n```";
+document.querySelector("main, article, body").appendChild(fence);
+const cell = document.createElement("div");
+cell.className = "cell docutils container";
+cell.innerHTML = '<div class="cell_output docutils container">' +
+    '<div class="output stderr"><pre></pre></div></div>';
+cell.querySelector("pre").textContent = arguments[0] +
+    "/accumcore/model.py:440: UserWarning: a warning the page does not expect";
+document.querySelector("main, article, body").appendChild(cell);
 """
 
 
@@ -194,30 +304,75 @@ def negative_control(driver: webdriver.Chrome, base: str, docname: str) -> list[
     """Break a notebook page in the browser; every check must notice. Returns failures."""
     driver.get(f"{base}/{docname}.html")
     driver.execute_async_script(_WAIT_FOR_MATHJAX)
-    driver.execute_script(_BREAK_PAGE)
+    driver.execute_script(_BREAK_PAGE, str(ROOT))
     found = " | ".join(problems_of(inspect(driver), docname, base, notebook=True))
     expected = {"broken image": "image did not load", "raw TeX": "raw TeX",
-                "missing Colab link": "Colab launch link missing"}
+                "missing Colab link": "Colab launch link missing",
+                "unrendered directive": "unrendered directive fence",
+                "machine path": "absolute path of the building machine",
+                "stderr output": "stderr output in a cell not tagged expect-warning"}
     return [f"negative control: the {name} check did not fire" for name, marker in
             expected.items() if marker not in found]
+
+
+REFERENCE_PREFIX = "book/reference/"  # the Reference pages: tables of behaviours and tests
+
+_TABLE_WIDTHS = """
+return Array.from(document.querySelectorAll(".ref-table table")).map((t) => ({
+  container: t.parentElement.clientWidth, table: t.scrollWidth}));
+"""
+
+
+def reference_problems(driver: webdriver.Chrome) -> list[str]:
+    """On a Reference page: each ``ref-table`` table fits the page (no sideways scrolling).
+    (tests/test_docs_links.py checks that every table of these pages is one.)"""
+    widths = driver.execute_script(_TABLE_WIDTHS)
+    return [f"table {i + 1} is {w['table']} px wide in {w['container']} px: it scrolls sideways"
+            for i, w in enumerate(widths) if w["table"] > w["container"] + 1]
+
+
+_WIDEN_TABLE = """
+const cell = document.querySelector(".ref-table td");
+const wide = document.createElement("span");
+wide.style.whiteSpace = "nowrap";
+wide.textContent = "x".repeat(400);
+cell.appendChild(wide);
+"""
+
+
+def reference_negative_control(driver: webdriver.Chrome, base: str, docname: str) -> list[str]:
+    """Widen a Reference page's table in the browser: the width check must notice."""
+    driver.get(f"{base}/{docname}.html")
+    if not driver.execute_script(_TABLE_WIDTHS):
+        return [f"negative control: {docname} has no `ref-table` table to widen"]
+    if reference_problems(driver):
+        return []  # the real page fails already; the page loop reports it
+    driver.execute_script(_WIDEN_TABLE)
+    return [] if reference_problems(driver) else [
+        "negative control: the Reference table width check did not fire"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
     parser.add_argument("--toc", type=Path, default=ROOT / "_toc.yml")
+    parser.add_argument("--install-missing", action="store_true",
+                        help="no browser found: install Debian's with apt-get if possible")
     parser.add_argument("--screenshot", type=Path, help="save a screenshot of one page here")
     parser.add_argument("--screenshot-page", default=None,
                         help="docname to screenshot (default: the first notebook page)")
     args = parser.parse_args()
 
+    if skip_requested():
+        print("browser check: skipped (ACCUMCORE_SKIP_BROWSER is set; CI never skips it)")
+        return 0
     if not (args.html / "index.html").is_file():
         sys.exit(f"browser_check: no built book in {args.html}: run jupyter-book build first")
     docnames = toc_docnames(args.toc)
     notebooks = {d for d in docnames if (ROOT / f"{d}.ipynb").is_file()}
     server, base = serve(args.html)
     profile = tempfile.mkdtemp(prefix="browser-check-profile-")
-    driver = make_driver(profile)
+    driver = make_driver(profile, install_missing=args.install_missing)
     failures: list[str] = []
     try:
         first_notebook = next((d for d in docnames if d in notebooks), None)
@@ -225,6 +380,9 @@ def main() -> int:
             failures.append("no notebook page in _toc.yml: the Colab check cannot be tested")
         else:
             failures += negative_control(driver, base, first_notebook)
+        references = [d for d in docnames if d.startswith(REFERENCE_PREFIX)]
+        if references:
+            failures += reference_negative_control(driver, base, references[0])
         for docname in docnames:
             url = f"{base}/{docname}.html"
             try:
@@ -239,6 +397,8 @@ def main() -> int:
             driver.get(url)
             info = inspect(driver)
             problems = problems_of(info, docname, base, docname in notebooks)
+            if docname.startswith(REFERENCE_PREFIX):
+                problems += reference_problems(driver)
             failures += [f"{docname}: {p}" for p in problems]
             kind = "notebook" if docname in notebooks else "page"
             print(f"{'FAIL' if problems else 'ok  '} {docname} ({kind}; "

@@ -21,7 +21,17 @@ from collections.abc import Callable
 import keras
 import numpy as np
 import tensorflow as tf
-from helpers import LOSS, make_data, reference_weights, run_cases, small_mlp
+from helpers import (
+    LOSS,
+    dense_reference,
+    make_data,
+    reference_weights,
+    run_cases,
+    seq_data,
+    seq_model,
+    small_mlp,
+    token_loss,
+)
 
 import accumcore as ac
 from accumcore.lab.devices import CountingCrossDeviceOps, replica_devices
@@ -212,6 +222,46 @@ def mixed_precision() -> dict:
             "counters": history.counters,
             "scale": ac.distribute.loss_scale(trainer.optimizer),
         }
+    return out
+
+
+@case
+def tokens() -> dict:
+    """A masked Embedding model (sparse gradients, uneven tokens per replica and per
+    micro-batch): micro-batches of 6 (3 + 3 per replica), K = 2, every entry point that runs
+    under a strategy, against one large batch on ONE device. SGD against plain
+    train_on_batch; Adam with global clipping (the replicas pre-reduce the window) against the
+    dense-gradient reference (tests/helpers.py dense_reference)."""
+    x, y = seq_data(42, seed=11)
+    micro, k = 6, 2
+    strategy = mirrored()
+    out: dict = {"tokens_per_replica_differ": bool(
+        (x[0:3] != 0).sum() != (x[3:6] != 0).sum())}
+    optimizers = {
+        "sgd": (lambda: keras.optimizers.SGD(0.5),
+                lambda: reference_weights(lambda: keras.optimizers.SGD(0.5), x, y, None, micro,
+                                          k, loss=token_loss(), make_model=seq_model)),
+        "adam_clip": (lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.5),
+                      lambda: dense_reference(
+                          seq_model, lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.5),
+                          token_loss(), x, y, None, micro, k)),
+    }
+    for name, (make_opt, reference) in optimizers.items():
+        initial, ref = reference()
+        for mode in ("eager", "function", "graph"):
+            with strategy.scope():
+                model = seq_model()
+                trainer = ac.AccumTrainer(model, make_opt(), token_loss(), accum_steps=k)
+            ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(micro)
+            history = trainer.fit(ds, epochs=1, mode=mode, verbose=0)
+            out[f"{name}_{mode}"] = {"rel": relative_error(get_weights(model), ref, initial),
+                                     "epoch_weights": history.epoch_weights}
+        with strategy.scope():
+            model = seq_model(model_cls=ac.AccumModel, accum_steps=k)
+            model.compile(make_opt(), token_loss())
+        model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
+        out[f"{name}_fit"] = {"rel": relative_error(get_weights(model), ref, initial)}
+    out["valid_tokens"] = float((x != 0).sum())
     return out
 
 

@@ -320,3 +320,91 @@ def run_workers(script: str | Path, envs: Sequence[Mapping[str, str]], *args: An
                               f"(rc {[procs[i].returncode for i in failed]}):\n{tails()}")
         return [_read_result(out, f"worker {i}", logs[i].read_text())
                 for i, out in enumerate(outs)]
+
+
+# ------------------------------------------------------------------------------ masked sequences
+VOCAB, SEQ_LEN = 20, 12  # token 0 is padding
+
+
+def seq_data(n: int = 64, seed: int = 0, min_len: int = 1,
+             max_len: int = SEQ_LEN) -> tuple[np.ndarray, np.ndarray]:
+    """Padded token sequences: x int32 (n, SEQ_LEN), lengths uniform in [min_len, max_len],
+    tokens in [1, VOCAB), 0 after the end; y int32 (n, SEQ_LEN) the next token (a per-token
+    label everywhere, padding included: the mask decides what counts)."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(min_len, max_len + 1, size=n)
+    x = np.zeros((n, SEQ_LEN), "int32")
+    for i, length in enumerate(lengths):
+        x[i, :length] = rng.integers(1, VOCAB, size=length)
+    y = (np.roll(x, -1, axis=1) + 1) % VOCAB
+    return x, y.astype("int32")
+
+
+@keras.saving.register_keras_serializable(package="accumcore_tests")
+class TokenMask(keras.layers.Layer):
+    """One-hot tokens whose mask comes from this layer's own ``compute_mask`` (token != 0): a
+    mask source that is neither ``Embedding`` nor ``Masking``."""
+
+    def call(self, tokens):
+        return keras.ops.one_hot(tokens, VOCAB)
+
+    def compute_mask(self, tokens, mask=None):
+        return keras.ops.not_equal(tokens, 0)
+
+
+@keras.saving.register_keras_serializable(package="accumcore_tests")
+class PaddedOneHot(keras.layers.Layer):
+    """Token t -> one-hot row of t - 1 (VOCAB - 1 wide): padding (0) becomes all zeros, which
+    ``Masking`` masks."""
+
+    def call(self, tokens):
+        return keras.ops.one_hot(tokens - 1, VOCAB - 1)
+
+
+MASK_SOURCES = ("embedding", "masking", "compute_mask")
+
+
+def seq_model(source: str = "embedding", seed: int = 0, model_cls: Callable = keras.Model,
+              **kwargs) -> keras.Model:
+    """Per-token logits (n, SEQ_LEN, VOCAB) whose Keras mask comes from ``source``:
+    ``Embedding(mask_zero=True)``, ``Masking`` (over a one-hot of the tokens whose padding
+    rows are all zeros) or a layer's own ``compute_mask`` (:class:`TokenMask`); then
+    Dense(16, tanh) and Dense(VOCAB), which pass the mask on. ``"none"``: the same model
+    without a mask."""
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((SEQ_LEN,), dtype="int32")
+    if source in ("embedding", "none"):
+        h = keras.layers.Embedding(VOCAB, 8, mask_zero=source == "embedding")(tokens)
+    elif source == "masking":
+        h = keras.layers.Masking(0.0)(PaddedOneHot()(tokens))
+    elif source == "compute_mask":
+        h = TokenMask()(tokens)
+    else:
+        raise ValueError(source)
+    h = keras.layers.Dense(16, activation="tanh")(h)
+    return model_cls(tokens, keras.layers.Dense(VOCAB)(h), **kwargs)
+
+
+def token_loss(**kwargs) -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+
+
+def dense_reference(make_model: Callable[[], keras.Model], make_opt: Callable, loss, x, y,
+                    sw, micro: int, k: int, epochs: int = 1):
+    """Independent large-batch reference with dense gradients: per window, one forward pass
+    of the whole window, the plain Keras ``loss`` (which reads the output's mask itself), one
+    ``tape.gradient`` and one ``optimizer.apply``. Embedding gradients are made dense first,
+    because Keras's optimizers update a sparse ``IndexedSlices`` gradient with repeated
+    indices differently from the same gradient dense (the book's chapter 6 measures it),
+    while accumulated gradients are dense. Returns (initial weights, final weights)."""
+    model = make_model()
+    initial = get_weights(model)
+    optimizer = make_opt()
+    for _ in range(epochs):
+        for s in windows_of(len(x), micro, k):
+            with tf.GradientTape() as tape:
+                value = loss(y[s], model(x[s], training=True),
+                             None if sw is None else sw[s])
+            grads = tape.gradient(value, model.trainable_variables)
+            optimizer.apply([tf.convert_to_tensor(g) for g in grads], model.trainable_variables)
+    return initial, get_weights(model)

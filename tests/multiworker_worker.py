@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keras
 import tensorflow as tf
-from helpers import LOSS, emit, make_data, small_mlp
+from helpers import LOSS, emit, make_data, seq_data, seq_model, small_mlp, token_loss
 
 import accumcore as ac
 
@@ -23,22 +23,30 @@ def make_optimizer() -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(0.01, global_clipnorm=0.5)
 
 
-def main() -> None:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    x, y = make_data(N, seed=SEED)
+def tokens_data():
+    """Masked token sequences (the Embedding case): uneven tokens per worker."""
+    return seq_data(N, seed=SEED)
+
+
+def train(strategy, x, y, make_model, loss) -> dict:
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     dataset = dataset.with_options(options)
     with strategy.scope():
-        model = small_mlp()
-        trainer = ac.AccumTrainer(model, make_optimizer(), LOSS, accum_steps=K)
+        model = make_model()
+        trainer = ac.AccumTrainer(model, make_optimizer(), loss, accum_steps=K)
     history = trainer.fit(dataset, epochs=1, mode="function", verbose=0)
+    return {"weights": model.get_weights(), "counters": history.counters,
+            "updates": history.updates, "epoch_weights": history.epoch_weights}
+
+
+def main() -> None:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     emit({
         "replicas": strategy.num_replicas_in_sync,
-        "weights": model.get_weights(),
-        "counters": history.counters,
-        "updates": history.updates,
+        "mlp": train(strategy, *make_data(N, seed=SEED), small_mlp, LOSS),
+        "tokens": train(strategy, *tokens_data(), seq_model, token_loss()),
     })
 
 

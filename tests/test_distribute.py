@@ -108,3 +108,18 @@ def test_overflow_on_one_replica_skips_the_window_everywhere(results: dict) -> N
     assert counters["samples_dropped"] == 32 and counters["samples_seen"] == 96
     assert out["scale"] == 2**14
     assert out["rel"] <= MIXED_TOL, out
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "graph", "fit"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam_clip"])
+def test_masked_tokens_with_sparse_gradients_match_one_device(results: dict, optimizer: str,
+                                                             mode: str) -> None:
+    """An Embedding model (sparse gradients into replica-local accumulators) with a Keras
+    mask: token counts differ per replica and per micro-batch and travel in the window's one
+    status reduction; the result is one large batch's global token mean on one device."""
+    out = case_result(results, "tokens")
+    assert out["tokens_per_replica_differ"]
+    run = out[f"{optimizer}_{mode}"]
+    assert run["rel"] <= REL_TOL, run
+    if mode != "fit":
+        assert run["epoch_weights"] == [out["valid_tokens"]]  # SUM over replicas

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 
 import keras
 import numpy as np
@@ -170,6 +171,23 @@ def test_lr_sweep_grid_best_lr_and_divergence(data):
     assert not np.any(sweep.largest_stable_lr == 1e6)  # the diverged rate never counts
 
 
+def test_lr_sweep_after_a_diverged_run_logs_nothing_and_trains_the_next(data, caplog):
+    # The runner clears the non-finite stop of a diverged run before the next learning rate;
+    # its window is empty by then, so the library's note on what is kept must not reach the
+    # page (chapter 5 printed "... (0 micro-batches, 0 samples) is kept").
+    x, y, xv, yv = data
+    kwargs = dict(optimizer="sgd", batch_sizes=[64], epochs=1, build_model=BUILD,
+                  mode="function")
+    with caplog.at_level(logging.INFO, logger="accumcore"):
+        # lr 1e12: a non-finite gradient stops the run (1e6 here only ends in a NaN loss)
+        sweep = ex.lr_sweep(x, y, xv, yv, learning_rates=[1e12, 0.3], **kwargs)
+    assert sweep.diverged[:, 0].tolist() == [True, False]
+    assert not [r for r in caplog.records if "non-finite" in r.getMessage()]
+    fresh = ex.lr_sweep(x, y, xv, yv, learning_rates=[0.3], **kwargs)
+    # the run after the divergence is a fresh run (same weights, state and window)
+    assert sweep.loss[1, 0] == pytest.approx(fresh.loss[0, 0], abs=CURVE_TOL)
+
+
 def test_lr_sweep_per_epoch_results_per_batch_micro_batches_and_progress(data):
     x, y, xv, yv = data
     lines = []
@@ -197,3 +215,52 @@ def test_lr_sweep_with_warmup_takes_smaller_first_steps(data):
     warm = ex.lr_sweep(x, y, xv, yv, warmup_epochs=1.0, **kwargs)
     assert warm.warmup_epochs == 1.0
     assert abs(warm.loss[0, 0] - plain.loss[0, 0]) > 1e-3  # warm-up changed the run
+
+
+def test_reordered_controls_and_the_reordered_reference(data):
+    x, y, _, _ = data
+    xr, yr = ex.reordered((x[:8], y[:8]), "reversed")
+    np.testing.assert_array_equal(xr, x[:8][::-1])
+    np.testing.assert_array_equal(yr, y[:8][::-1])
+    xs, ys = ex.reordered((x[:8], y[:8]), "shuffled", seed=3)
+    again, _ = ex.reordered((x[:8], y[:8]), "shuffled", seed=3)
+    np.testing.assert_array_equal(xs, again)  # seeded: every batch of 8 gets the same order
+    assert not np.array_equal(xs, x[:8]) and sorted(ys.tolist()) == sorted(y[:8].tolist())
+    with pytest.raises(ValueError, match="Unknown reordering 'sorted'"):
+        ex.reordered((x, y), "sorted")
+    assert ex.REORDERINGS == ("reversed", "shuffled")
+    # The same updates summed in another order: round-off away from the plain reference.
+    batches = [(x[a:a + 64], y[a:a + 64]) for a in range(0, 256, 64)]
+    args = (functools.partial(BUILD, seed=0), lambda: keras.optimizers.SGD(0.1),
+            "sparse_categorical_crossentropy", batches)
+    initial, plain = ex.large_batch_reference(*args)
+    for how in ex.REORDERINGS:
+        _, control = ex.large_batch_reference(*args, reorder=how)
+        assert ex.relative_error(control, plain, initial) <= REL_TOL
+
+
+def test_tie_threshold_and_compare():
+    assert ex.tie_threshold(0.975, 10_000) == pytest.approx(0.00312, abs=1e-5)
+    assert ex.tie_threshold(0.85, 500) == pytest.approx(0.0319, abs=1e-4)
+    assert ex.tie_threshold(1.0, 100) == 0.0
+    with pytest.raises(ValueError, match="Need n >= 1"):
+        ex.tie_threshold(0.9, 0)
+    assert [ex.compare(0.95, b, 0.01) for b in (0.9, 0.945, 0.955, 0.99)] == [1, 0, 0, -1]
+
+
+def test_sweep_ties_and_the_exponent_range_they_allow():
+    sweep = ex.SweepResult("sgd", 0.0, [0.1, 0.3, 1.0], [16, 64, 256], epochs=1)
+    sweep.accuracy_by_epoch[0] = [[0.950, 0.90, 0.80],
+                                  [0.948, 0.95, 0.90],
+                                  [np.nan, 0.93, 0.95]]
+    np.testing.assert_array_equal(sweep.tied(0.005), [[True, False, False],
+                                                       [True, True, False],
+                                                       [False, False, True]])
+    np.testing.assert_array_equal(sweep.tied(0.0), [[True, False, False], [False, True, False],
+                                                    [False, False, True]])
+    low, high = sweep.exponent_range(0.005)
+    # the only choice at B = 16 between 0.1 and 0.3 moves the slope; the best is one of them
+    assert low == pytest.approx(ex.scaling_exponent([16, 64, 256], [0.3, 0.3, 1.0]))
+    assert high == pytest.approx(ex.scaling_exponent([16, 64, 256], [0.1, 0.3, 1.0]))
+    assert low <= ex.scaling_exponent(sweep.batch_sizes, sweep.best_lr) <= high
+    assert sweep.exponent_range(0.0) == (pytest.approx(high), pytest.approx(high))

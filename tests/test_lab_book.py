@@ -3,30 +3,59 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from accumcore.lab import book
 
 
-def test_glue_prints_and_returns_plain_value(capsys):
-    value = book.glue("test_ratio", np.float32(0.25), ".2f")
-    assert value == 0.25 and type(value) is float
-    assert capsys.readouterr().out.strip() == "test_ratio = 0.25"
+@pytest.fixture
+def glued(monkeypatch):
+    """What myst-nb's glue hands to IPython's display: (bundle, metadata) per call."""
+    myst_glue = pytest.importorskip("myst_nb.ext.glue")
+    calls = []
+    monkeypatch.setattr(myst_glue, "ipy_display",
+                        lambda bundle, raw, metadata: calls.append((bundle, metadata)))
+    return calls
 
 
-def test_progress_appends_to_the_named_file(tmp_path, monkeypatch, capsys):
+def test_glue_records_silently_and_returns_none(glued, capsys):
+    assert book.glue("test_ratio", np.float32(0.25), ".2f") is None
+    assert capsys.readouterr() == ("", "")  # no `name = value` line, no stderr
+    (bundle, metadata), = glued
+    assert metadata["scrapbook"]["name"] == "test_ratio"
+    # display=False: every mime key carries myst-nb's hidden prefix, so nothing renders
+    assert bundle and all(key.startswith(metadata["scrapbook"]["mime_prefix"]) and
+                          metadata["scrapbook"]["mime_prefix"] for key in bundle)
+    assert next(v for k, v in bundle.items() if k.endswith("text/plain")) == "0.25"
+
+
+def test_glue_converts_numpy_scalars(glued):
+    book.glue("test_count", np.int64(7))
+    (bundle, _), = glued
+    assert next(v for k, v in bundle.items() if k.endswith("text/plain")) == "7"
+
+
+def test_glue_rejects_a_format_that_does_not_fit(glued):
+    with pytest.raises(ValueError, match="'.2f' does not apply to 'SGD'"):
+        book.glue("test_rule", "SGD", ".2f")
+    assert glued == []  # nothing recorded for the prose
+
+
+def test_progress_appends_to_the_named_file_and_prints_nothing(tmp_path, monkeypatch, capsys):
     log = tmp_path / "progress.log"
     monkeypatch.setenv(book.PROGRESS_ENV, str(log))
     book.progress("chapter 5: run 1/3 done")
     book.progress("chapter 5: run 2/3 done")
     lines = log.read_text().splitlines()
     assert len(lines) == 2 and lines[1].endswith("chapter 5: run 2/3 done")
-    assert "run 1/3" in capsys.readouterr().out
+    assert capsys.readouterr() == ("", "")
 
 
-def test_progress_without_file_only_prints(monkeypatch, capsys):
+def test_progress_without_file_does_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv(book.PROGRESS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
     book.progress("hello")
-    assert capsys.readouterr().out == "hello\n"
+    assert capsys.readouterr() == ("", "") and not list(tmp_path.iterdir())
 
 
 def test_edition_note_only_in_quick_mode(capsys):

@@ -13,7 +13,15 @@ import socket
 import multiworker_worker as worker
 import numpy as np
 import pytest
-from helpers import REL_TOL, make_data, reference_weights, run_workers
+from helpers import (
+    REL_TOL,
+    dense_reference,
+    make_data,
+    reference_weights,
+    run_workers,
+    seq_model,
+    token_loss,
+)
 
 pytestmark = pytest.mark.slow  # a subprocess with its own TensorFlow (see pyproject)
 
@@ -45,17 +53,27 @@ def test_two_workers_match_single_process_large_batch() -> None:
             for i in range(2)]
     results = run_workers("multiworker_worker.py", envs, timeout=TIMEOUT_S)
 
-    # The independent reference: one process, one device, one train_on_batch per window.
+    # The independent references: one process, one device, one update per window: plain
+    # train_on_batch for the MLP; for the masked Embedding model (sparse gradients, uneven
+    # tokens per worker) one tape over the window with dense gradients (dense_reference).
     x, y = make_data(worker.N, seed=worker.SEED)
-    initial, reference = reference_weights(worker.make_optimizer, x, y, None, worker.MICRO,
-                                           worker.K)
+    references = {"mlp": reference_weights(worker.make_optimizer, x, y, None, worker.MICRO,
+                                           worker.K)}
+    xt, yt = worker.tokens_data()
+    references["tokens"] = dense_reference(seq_model, worker.make_optimizer, token_loss(), xt,
+                                           yt, None, worker.MICRO, worker.K)
     window = worker.MICRO * worker.K
-    for i, result in enumerate(results):
-        assert result["replicas"] == 2
-        assert result["updates"] == [worker.N // window]
-        assert result["counters"]["samples_seen"] == worker.N  # SUM over both workers
-        rel = relative_error(result["weights"], reference, initial)
-        print(f"worker {i}: relative weight error vs single-process large batch {rel:.3g}")
-        assert rel <= REL_TOL, f"worker {i}: rel {rel:.3g}"
-    for a, b in zip(results[0]["weights"], results[1]["weights"], strict=True):
-        np.testing.assert_array_equal(a, b)  # replicas in sync
+    for case, (initial, reference) in references.items():
+        for i, result in enumerate(results):
+            run = result[case]
+            assert result["replicas"] == 2
+            assert run["updates"] == [worker.N // window]
+            assert run["counters"]["samples_seen"] == worker.N  # SUM over both workers
+            rel = relative_error(run["weights"], reference, initial)
+            print(f"{case}, worker {i}: relative weight error vs one large batch {rel:.3g}")
+            assert rel <= REL_TOL, f"{case}, worker {i}: rel {rel:.3g}"
+        for a, b in zip(results[0][case]["weights"], results[1][case]["weights"], strict=True):
+            np.testing.assert_array_equal(a, b)  # replicas in sync
+    # Each worker's LoopHistory counts its own replicas' tokens (the loop's records are
+    # combined locally); together they are every valid token once.
+    assert sum(r["tokens"]["epoch_weights"][0] for r in results) == float((xt != 0).sum())

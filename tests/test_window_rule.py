@@ -90,7 +90,9 @@ def test_reset_empties_exactly_the_window_variables() -> None:
     assert {v.name for v in state.window_variables[len(state.accumulators):]} == {
         "window_weight:0", "micro_step:0", "window_samples:0", "window_poisoned:0"}
     after = state.counters()
-    kept = {k: v for k, v in before.items() if k not in ("micro_step", "window_samples")}
+    window = ("micro_step", "window_samples", "window_weight")
+    kept = {k: v for k, v in before.items() if k not in window}
+    assert before["window_weight"] == 5.0 and after["window_weight"] == 0.0
     assert {k: after[k] for k in kept} == kept and after["samples_seen"] == 5
 
 

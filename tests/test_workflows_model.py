@@ -157,7 +157,7 @@ def test_clone_model_keeps_settings_and_trains_like_the_original(data):
     clone = keras.models.clone_model(model)
     assert isinstance(clone, ac.AccumModel)
     assert (clone.accum_steps, clone.end_of_epoch, clone.nonfinite, clone.normalizer) == (
-        3, "drop", "skip_window", "samples")
+        3, "drop", "skip_window", "auto")
     clone.set_weights(model.get_weights())
     for m in (model, clone):
         _fit(m, x, y, epochs=2)

@@ -1,12 +1,17 @@
 """Page furniture shared by the book's notebooks: the edition note, quoted numbers, progress.
 
 * :func:`edition_note` says at the top of a page which edition (quick or full) it is.
-* :func:`glue` records a number that the prose quotes (myst-nb's ``{glue:text}`` role) and
-  prints it, so the executed cell shows the value the sentence states. On Colab, where myst-nb
-  is not installed, it only prints.
-* :func:`progress` prints a progress line in the cell and, when the environment variable
-  ``ACCUMCORE_PROGRESS`` names a file, appends it there too (``scripts/build-book.sh`` follows
-  that file, so the terminal shows which chapter runs and how far it is).
+* :func:`glue` records a number that the prose quotes (myst-nb's ``{glue:text}`` role). It
+  prints and displays nothing: the reader sees the number in the sentence that quotes it and in
+  the output of the visible cell that computed it, never a ``name = value`` line.
+* :func:`progress` appends a progress line to the file named by the environment variable
+  ``ACCUMCORE_PROGRESS`` (``scripts/build-book.sh`` follows that file, so the terminal shows
+  which chapter runs and how far it is). It prints nothing into the page either, so it cannot
+  interleave with Keras's own epoch log.
+
+The notebooks call :func:`glue` and :func:`progress` only in cells tagged ``remove-cell``
+(``tests/test_book_sources.py`` checks it): the code a reader sees, and copies, is plain Keras
+and accumcore.
 """
 
 from __future__ import annotations
@@ -42,34 +47,47 @@ def edition_note(quick: bool, *, what: str = "") -> str:
     return text
 
 
-def glue(name: str, value: Any, fmt: str | None = None) -> Any:
-    """Record ``value`` under ``name`` for the prose and print it.
+def glue(name: str, value: Any, fmt: str | None = None) -> None:
+    """Record ``value`` under ``name`` for the prose, silently.
 
     Args:
         name: the key the markdown quotes with myst-nb's ``glue:text`` role (the role's
             target is ``name:fmt``, e.g. ``name:.3g``).
-        value: a Python number or string (numpy scalars are converted).
-        fmt: optional format spec used only for the printed line (e.g. ``".3g"``).
+        value: a Python number or string (numpy scalars are converted to Python ones).
+        fmt: the format spec the prose uses (e.g. ``".3g"``), if any. It is applied here once,
+            so that a spec that does not fit the value (``".2f"`` on a string) fails in the
+            notebook's cell, with a clear message, rather than later in the book build.
 
     Returns:
-        ``value`` as a plain Python object.
+        None, so that a ``glue(...)`` call ending a cell shows no value either. Outside a
+        Jupyter Book build (on Colab, where myst-nb is not installed) it does nothing.
+
+    Raises:
+        ValueError: if ``fmt`` cannot format ``value``.
     """
     if hasattr(value, "item"):
         value = value.item()
+    if fmt is not None:
+        try:
+            format(value, fmt)
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"glue({name!r}): the format {fmt!r} does not apply to {value!r} "
+                f"({type(value).__name__}): {err}"
+            ) from err
     try:
         from myst_nb import glue as _myst_glue
-    except ImportError:  # Colab: no myst-nb; the printed line is what the reader sees
-        _myst_glue = None
-    if _myst_glue is not None:
-        _myst_glue(name, value, display=False)
-    shown = format(value, fmt) if fmt else value
-    print(f"{name} = {shown}")
-    return value
+    except ImportError:  # Colab: no myst-nb, nothing quotes the value
+        return None
+    _myst_glue(name, value, display=False)  # cell metadata only, never shown
+    return None
 
 
 def progress(message: str) -> None:
-    """Print ``message`` and append it (with the time) to the ``ACCUMCORE_PROGRESS`` file."""
-    print(message, flush=True)
+    """Append ``message`` (with the time) to the ``ACCUMCORE_PROGRESS`` file, if one is named.
+
+    Prints nothing: the line is for the terminal of ``scripts/build-book.sh``, not the page.
+    """
     path = os.environ.get(PROGRESS_ENV)
     if path:
         with open(path, "a", encoding="utf-8") as f:

@@ -11,6 +11,9 @@ its counterpart for BatchNormalization moving statistics (:func:`statistics_gap`
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +21,8 @@ from typing import Any
 
 import keras
 import numpy as np
+
+from accumcore.lab.book import progress as book_progress
 
 
 def get_weights(model: keras.Model) -> list[np.ndarray]:
@@ -161,11 +166,45 @@ def conv_net(
     return model_cls(inputs, outputs, **model_kwargs)
 
 
+#: The reordering controls (see :func:`reordered`): chapter 1's appendix and chapter 8 use both.
+REORDERINGS = ("reversed", "shuffled")
+
+
+def reordered(batch: Sequence, how: str, seed: int = 0) -> tuple:
+    """``batch`` (a tuple of arrays with one row per sample) with its samples in another order.
+
+    The book's *reordering control*: training again with every batch's samples reversed or
+    shuffled computes the same updates, the same real numbers summed in another order, so how
+    far such a run ends from the original one is float32 round-off as that training amplifies
+    it. After one update that is about 1e-6 of the update; after hundreds of updates it can
+    be much larger. A run that claims to be "the same training" as a reference (accumulated,
+    on several replicas, ...) is judged against this yardstick, not against zero.
+
+    Args:
+        batch: ``(x, y)`` or ``(x, y, sample_weight)``.
+        how: ``"reversed"`` or ``"shuffled"`` (one of :data:`REORDERINGS`).
+        seed: the shuffle's seed; the same seed gives every batch of one size the same
+            permutation.
+
+    Returns:
+        The reordered arrays, as a tuple.
+    """
+    n = len(batch[0])
+    if how == "reversed":
+        order = np.arange(n)[::-1]
+    elif how == "shuffled":
+        order = np.random.default_rng(seed).permutation(n)
+    else:
+        raise ValueError(f"Unknown reordering {how!r}; expected one of {REORDERINGS}.")
+    return tuple(np.asarray(a)[order] for a in batch)
+
+
 def large_batch_reference(
     build_model: Callable[[], keras.Model],
     make_optimizer: Callable[[], keras.optimizers.Optimizer],
     loss: Any,
     batches: Sequence[tuple],
+    reorder: str | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Independent reference: plain ``train_on_batch`` on each large batch, in order.
 
@@ -174,6 +213,8 @@ def large_batch_reference(
         make_optimizer: returns a fresh optimizer (same settings).
         loss: the loss for ``compile``.
         batches: large batches ``(x, y)`` or ``(x, y, sample_weight)``; each is one update.
+        reorder: ``None``, or a reordering control (``"reversed"``, ``"shuffled"``): every
+            batch's samples in that order (see :func:`reordered`).
 
     Returns:
         ``(initial_weights, final_weights)``.
@@ -182,7 +223,7 @@ def large_batch_reference(
     initial = get_weights(model)
     model.compile(make_optimizer(), loss)
     for batch in batches:
-        model.train_on_batch(*batch)
+        model.train_on_batch(*(batch if reorder is None else reordered(batch, reorder)))
     return initial, get_weights(model)
 
 
@@ -217,6 +258,26 @@ def epoch_orders(n: int, epochs: int, seed: int = 0) -> list[np.ndarray]:
     """One permutation of ``range(n)`` per epoch, from ``seed``: the shared data order."""
     rng = np.random.default_rng(seed)
     return [rng.permutation(n) for _ in range(epochs)]
+
+
+def tie_threshold(accuracy: float, n: int) -> float:
+    """The accuracy difference below which two runs scored on the same ``n`` samples are a tie.
+
+    Twice the standard error of an accuracy ``p`` measured on ``n`` samples,
+    ``2 * sqrt(p * (1 - p) / n)`` (a fraction, like ``accuracy``): what the finite evaluation
+    set alone makes uncertain. Other seeds (initialisation, data order) add more, so a gap
+    below this says nothing about which run is better; one above it is still one seed's
+    measurement. 0.975 on 10,000 images gives 0.0031 (0.31 percentage points); 0.85 on 500
+    images, 0.032.
+    """
+    if n < 1 or not 0.0 <= accuracy <= 1.0:
+        raise ValueError(f"Need n >= 1 and 0 <= accuracy <= 1; got n={n}, accuracy={accuracy}.")
+    return 2.0 * math.sqrt(accuracy * (1.0 - accuracy) / n)
+
+
+def compare(a: float, b: float, tie: float) -> int:
+    """``1`` if ``a > b + tie``, ``-1`` if ``a < b - tie``, else ``0`` (a tie)."""
+    return 0 if abs(a - b) <= tie else (1 if a > b else -1)
 
 
 def max_curve_gap(a: Sequence[float], b: Sequence[float]) -> float:
@@ -301,7 +362,7 @@ def train_compare(
     n_train_eval: int = 2000,
     seed: int = 0,
     verbose: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = book_progress,
 ) -> dict[str, CompareRun]:
     """Train one model per configuration from identical weights, on the identical data order.
 
@@ -328,7 +389,9 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
-        progress: called with that line too (e.g. :func:`accumcore.lab.book.progress`).
+        progress: called with that line too, also when ``verbose`` is false; the default,
+            :func:`accumcore.lab.book.progress`, writes it to the book build's progress file
+            only (nothing on the page). ``None``: not called.
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -452,6 +515,18 @@ def scaling_exponent(batch_sizes: Sequence[int], learning_rates: Sequence[float]
     return float(np.polyfit(b, lr, 1)[0])
 
 
+@contextlib.contextmanager
+def _quiet_accumcore_log():
+    """Raise the ``accumcore`` logger to ERROR for the block (its warnings are not shown)."""
+    log = logging.getLogger("accumcore")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 class _AccumRunner:
     """One model + :class:`accumcore.AccumTrainer` reused across learning rates (one trace).
 
@@ -482,8 +557,11 @@ class _AccumRunner:
 
         state = self.trainer.state
         if state.built:
-            state.clear_nonfinite()
-            state.reset()
+            state.reset()  # every run starts with an empty window ...
+            # ... so after a diverged run the library's note on what clearing its non-finite
+            # stop keeps ("0 micro-batches, 0 samples") has nothing to say: leave it out.
+            with _quiet_accumcore_log():
+                state.clear_nonfinite()
             for v in self.optimizer.variables:
                 v.assign(keras.ops.zeros_like(v))
             before = int(state.windows_applied.numpy())
@@ -657,6 +735,25 @@ class SweepResult:
         """``(n_b,)`` the best validation accuracy per batch size (fraction)."""
         return self.accuracy[self.best_index, np.arange(len(self.batch_sizes))]
 
+    def tied(self, tie: float, epochs: int | None = None) -> np.ndarray:
+        """``(n_lr, n_b)`` True where a learning rate is within ``tie`` of its batch size's best.
+
+        ``tie`` is an accuracy difference (a fraction, e.g. from :func:`tie_threshold`);
+        ``epochs`` (1-based) picks the evaluation after that many epochs (default: the last).
+        Diverged runs are never tied.
+        """
+        acc = self.accuracy if epochs is None else self.accuracy_by_epoch[epochs - 1]
+        acc = np.where(np.isfinite(acc), acc, -np.inf)
+        return acc >= acc.max(axis=0, keepdims=True) - tie
+
+    def exponent_range(self, tie: float) -> tuple[float, float]:
+        """The smallest and largest :func:`scaling_exponent` over every choice of one tied
+        learning rate (see :meth:`tied`) per batch size: how far ties move the exponent."""
+        choices = [self.learning_rates[np.flatnonzero(column)] for column in self.tied(tie).T]
+        alphas = [scaling_exponent(self.batch_sizes, combo)
+                  for combo in itertools.product(*choices)]
+        return min(alphas), max(alphas)
+
     @property
     def diverged(self) -> np.ndarray:
         """``(n_lr, n_b)`` True where the run diverged (non-finite gradient or loss)."""
@@ -683,7 +780,7 @@ def lr_sweep(
     seed: int = 0,
     mode: str = "graph",
     verbose: bool = False,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = book_progress,
 ) -> SweepResult:
     """Validation accuracy over a learning-rate x effective-batch grid, by accumulation.
 
@@ -709,8 +806,9 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
-        progress: called with a one-line message after each run (e.g.
-            :func:`accumcore.lab.book.progress`).
+        progress: called with a one-line message after each run; the default,
+            :func:`accumcore.lab.book.progress`, writes it to the book build's progress file
+            only (nothing on the page). ``None``: not called.
 
     Returns:
         A :class:`SweepResult`.

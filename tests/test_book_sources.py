@@ -1,0 +1,161 @@
+"""The book's sources and rendered pages: what a reader must never see (scripts/book_checks.py).
+
+The source checks run here on every ``book/*.ipynb`` and Markdown page; the page checks run on
+the built HTML in ``scripts/browser_check.py``. Each check is also fed a bad sample, so that a
+check that cannot fail fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BOOK = ROOT / "book"
+
+
+def _load_checks():
+    path = ROOT / "scripts" / "book_checks.py"
+    spec = importlib.util.spec_from_file_location("book_checks", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+checks = _load_checks()
+
+SOURCES = sorted(p for p in [*BOOK.glob("*.ipynb"), *BOOK.rglob("*.md")]
+                 if "_static" not in p.parts)
+# Chapter 7 is being rewritten as teaching (issue 21 item 4) in parallel with this check; its
+# current text still calls the page furniture in visible cells. Remove the mark when it lands.
+PENDING = {"07_memory_speed.ipynb": "chapter 7 rewrite (issue 21 item 4) pending"}
+
+
+def _params():
+    for path in SOURCES:
+        reason = PENDING.get(path.name)
+        marks = [pytest.mark.xfail(reason=reason, strict=False)] if reason else []
+        yield pytest.param(path, id=str(path.relative_to(BOOK)), marks=marks)
+
+
+@pytest.mark.parametrize("path", list(_params()))
+def test_book_source_is_clean(path):
+    problems = checks.source_problems(path.name, path.read_text(encoding="utf-8"))
+    assert not problems, "\n".join(problems)
+
+
+def test_there_are_sources_to_check():
+    assert len([p for p in SOURCES if p.suffix == ".ipynb"]) >= 8
+
+
+# ------------------------------------------------------------------ bad samples: each fires
+
+
+def _notebook(*cells):
+    """A notebook from (cell_type, source, tags) triples."""
+    return {"cells": [{"cell_type": kind, "id": f"c{i}", "metadata": {"tags": list(tags)},
+                       "source": source} for i, (kind, source, tags) in enumerate(cells)]}
+
+
+def _problems(*cells):
+    return checks.source_problems("sample.ipynb", json.dumps(_notebook(*cells)))
+
+
+def test_a_clean_sample_passes():
+    assert _problems(
+        ("code", "import numpy as np\nx = np.ones(3)", ["hide-input"]),
+        ("code", "from accumcore.lab.book import glue\nglue('n', 3)", ["remove-cell"]),
+        ("markdown", "Three is {glue:text}`n`, $\\lceil x \\rceil$.", []),
+        ("code", "def f(a, *, b=1):\n    return [a + b + k for k in range(3)]\n"
+                 "y = f(x[0])\nprint(len(y), display)", []),
+    ) == []
+
+
+def test_a_carriage_return_in_a_source_fires():
+    # What a JSON "\rceil" becomes: a carriage return, then "ceil".
+    found = _problems(("markdown", "$\\lceil 1875 / 8 \rceil = 235$", []))
+    assert len(found) == 1 and "'\\r' before 'ceil = 235$'" in found[0]
+    assert checks.source_problems("page.md", "tab\tok\nbell\x07") == [
+        "page.md: control character at line 2: '\\x07' before ''"]
+
+
+def test_a_name_defined_only_in_a_hidden_cell_fires():
+    found = _problems(
+        ("code", "from accumcore.lab.book import glue, progress", ["remove-input"]),
+        ("code", "x = 1\nglue('x', x)", []),
+        ("code", "y = undefined_name + 1", []),
+    )
+    assert any("`glue` (the book's page furniture) in a visible cell" in p for p in found)
+    assert any("`undefined_name` is defined in no earlier visible cell" in p for p in found)
+    found = _problems(("code", "helper = 3", ["remove-cell"]), ("code", "z = helper", []))
+    assert len(found) == 1 and "`helper` is defined only in a hidden cell" in found[0]
+    # defined later by a visible cell is still a failure for the cell that reads it first
+    assert _problems(("code", "print(later)", []), ("code", "later = 1", []))
+
+
+def test_furniture_imported_in_a_visible_cell_still_fires():
+    found = _problems(("code", "from accumcore.lab.book import progress\n"
+                               "progress('chapter 9: started')", ["hide-input"]))
+    assert len(found) == 1 and "`progress`" in found[0]
+
+
+def test_a_comment_rewrapped_mid_sentence_fires():
+    found = _problems(("code", "# Same real number in float32: the\n# difference is\n"
+                               "# a few eps relative to the largest entry.\nx = 1", []))
+    assert len(found) == 1 and "'# difference is' / '# a few eps" in found[0]
+    assert _problems(("code", "# A full sentence that ends.\n# Another one.\n"
+                              "# Short last line\nx = 1", [])) == []
+
+
+def test_a_syntax_error_fires():
+    assert "does not parse" in _problems(("code", "def (:", []))[0]
+
+
+_CLEAN_PAGE = {
+    "prose": "One window of 4 x 16 matches the batch of 64 to 1e-6.",
+    "text": "One window of 4 x 16 matches the batch of 64 to 1e-6. See tests/test_x.py and "
+            "https://github.com/accumcore/accumcore/blob/main/accumcore/model.py.",
+    "outputs": [{"text": "rel = 1.2e-06\n", "stderr": False, "tags": []}],
+}
+
+
+def test_a_clean_page_passes():
+    assert checks.page_problems(_CLEAN_PAGE, ["/build/repo", "/build/repo/.venv"]) == []
+
+
+def test_an_unrendered_directive_or_role_fires():
+    page = dict(_CLEAN_PAGE, text="1. Why?\n```{admonition} Answer\n:class: dropdown\nB.\n```",
+                prose="the value {glue:text}`rel:.1e` here")
+    found = checks.page_problems(page)
+    assert "unrendered directive fence '```{admonition}'" in found
+    assert "unrendered role '{glue:text}`'" in found
+
+
+def test_an_absolute_path_of_the_build_machine_fires():
+    line = ("/build/repo/accumcore/model.py:440: UserWarning: Model 'functional' has 2 stock "
+            "keras.layers.BatchNormalization layer(s)")
+    page = dict(_CLEAN_PAGE, text=line, outputs=[{"text": line, "stderr": True, "tags": []}])
+    found = checks.page_problems(page, ["/build/repo/"])
+    assert "absolute path of the building machine '/build/repo' in the page" in found
+    assert any("absolute path of a Python file '/build/repo/accumcore/model.py'" in p
+               for p in found)
+    assert any(p.startswith("stderr output in a cell not tagged expect-warning") for p in found)
+    # a path the check was not told about is still caught when it names a Python file
+    assert checks.page_problems(dict(_CLEAN_PAGE, text=line))
+
+
+def test_a_warning_in_an_output_fires_unless_the_cell_expects_it():
+    warning = {"text": "x\n<stdin>:3: RuntimeWarning: overflow in exp\n", "stderr": False,
+               "tags": []}
+    found = checks.page_problems(dict(_CLEAN_PAGE, outputs=[warning]))
+    assert found == ["a Python warning in a cell not tagged expect-warning: "
+                     "'RuntimeWarning: overflow in exp'"]
+    logged = {"text": "accumcore: cleared the stop\n", "stderr": True, "tags": []}
+    assert len(checks.page_problems(dict(_CLEAN_PAGE, outputs=[logged]))) == 1
+    expected = [dict(warning, tags=["expect-warning"]), dict(logged, tags=["expect-warning"])]
+    assert checks.page_problems(dict(_CLEAN_PAGE, outputs=expected)) == []
