@@ -31,9 +31,8 @@ checks = _load_checks()
 
 SOURCES = sorted(p for p in [*BOOK.glob("*.ipynb"), *BOOK.rglob("*.md")]
                  if "_static" not in p.parts)
-# Chapter 7 is being rewritten as teaching (issue 21 item 4) in parallel with this check; its
-# current text still calls the page furniture in visible cells. Remove the mark when it lands.
-PENDING = {"07_memory_speed.ipynb": "chapter 7 rewrite (issue 21 item 4) pending"}
+# Sources whose check is expected to fail for a stated reason (none at present).
+PENDING: dict[str, str] = {}
 
 
 def _params():
