@@ -7,6 +7,7 @@ Modules:
     :mod:`accumcore.lab.data`          MNIST loading (Keras download, offline fallback) and subsets
     :mod:`accumcore.lab.experiments`   models and experiment drivers of chapters 1-5
     :mod:`accumcore.lab.pitfalls`      the broken recipes of chapter 6, each measured
+    :mod:`accumcore.lab.sequences`     MNIST as padded row sequences, ignored labels (masks, tokens)
     :mod:`accumcore.lab.plotting`      the book's figures (titles, labels, units, palette)
     :mod:`accumcore.lab.benchmarking`  what chapter 7 runs live, and the benchmark suite
     :mod:`accumcore.lab.devices`       simulated replicas and counted reductions (chapter 8)
