@@ -70,7 +70,8 @@ from accumcore.config import resolve_accum_steps  # noqa: E402
 from accumcore.errors import NonFiniteGradientError  # noqa: E402
 from accumcore.loops import AccumTrainer, LoopHistory  # noqa: E402
 from accumcore.model import AccumModel, WindowFlushCallback  # noqa: E402
-from accumcore.state import AccumulationState, NonFinitePolicy  # noqa: E402
+from accumcore.nonfinite import NonFinitePolicy  # noqa: E402
+from accumcore.state import AccumulationState  # noqa: E402
 
 __all__ = [
     "AccumModel",

@@ -59,7 +59,9 @@ from accumcore.loss_scaling import (  # noqa: F401
     inner_optimizer,
     is_loss_scale_optimizer,
     loss_scale,
+    update_scale,
 )
+from accumcore.nonfinite import all_finite
 
 _SUM = tf.distribute.ReduceOp.SUM
 _CLIP_ATTRIBUTES = ("clipnorm", "clipvalue", "global_clipnorm")
@@ -109,15 +111,23 @@ def combine_local(strategy: tf.distribute.Strategy, loss, weight, applied):
 
 
 # ---------------------------------------------------------------------------- the window
-class Replicas:
-    """Where the window rule's steps run and how the window is reduced: one replica.
+_ON_READ = tf.VariableSynchronization.ON_READ
 
-    Everything runs where it is called and nothing is communicated. :class:`StrategyReplicas`
-    is the same interface under a ``tf.distribute`` strategy.
+
+class Replicas:
+    """Where the window rule's steps run: one replica.
+
+    Everything runs where it is called and nothing is communicated; the state closes its
+    window itself. :class:`StrategyReplicas` is the same interface under a ``tf.distribute``
+    strategy, with its own close.
     """
 
     strategy: tf.distribute.Strategy | None = None
     distributed = False
+
+    def placement(self, summed: bool) -> dict:
+        """``tf.Variable`` keywords for a state variable (none with one replica)."""
+        return {}
 
     # Not converted by AutoGraph: a body that is only a docstring makes its converter fail
     # (with a warning on every trace of a micro-step).
@@ -137,28 +147,6 @@ class Replicas:
         """Run ``fn`` (a window decision) where it may read every replica; ``key`` caches it."""
         return fn()
 
-    def sum(self, local: Callable[[], list]) -> list:
-        """``local()`` on every replica, summed over the replicas in one batch (the window's
-        one reduction); with one replica, ``local()`` itself.
-
-        ``local()`` returns ``[flags, *tensors]``: ``flags`` a list of scalars (bool, int or
-        float), reduced as one float32 vector in the same order (with one replica: the list
-        as it is, nothing stacked or cast), then the tensors, each reduced as it is.
-        """
-        return local()
-
-    def run(self, fn: Callable[..., tf.Tensor], *args: Any) -> tf.Tensor:
-        """``fn(*args)`` on every replica (in replica context); its first replica's result."""
-        return fn(*args)
-
-    def prereduces(self, optimizer: keras.optimizers.Optimizer) -> bool:
-        """Whether the window's gradient sums travel in its reduction (per-replica clipping)."""
-        return False
-
-    def share(self, total: tf.Tensor) -> tf.Tensor:
-        """This replica's share of a pre-reduced gradient sum: all of it with one replica."""
-        return total
-
     def forget(self) -> None:
         """Drop compiled decisions (the state re-created its accumulators); none here."""
 
@@ -171,6 +159,12 @@ class StrategyReplicas(Replicas):
     def __init__(self, strategy: tf.distribute.Strategy) -> None:
         self.strategy = strategy
         self._functions: dict = {}  # compiled cross-replica decisions (a flush from Python)
+
+    def placement(self, summed: bool) -> dict:
+        """One local copy per replica, read as their sum (``summed``) or the first one's."""
+        first = tf.VariableAggregation.ONLY_FIRST_REPLICA
+        aggregation = tf.VariableAggregation.SUM if summed else first
+        return dict(synchronization=_ON_READ, aggregation=aggregation)
 
     def require_replica_context(self) -> None:
         if not in_replica_context():
@@ -201,25 +195,46 @@ class StrategyReplicas(Replicas):
     def forget(self) -> None:
         self._functions.clear()
 
-    def sum(self, local: Callable[[], list]) -> list:
-        def stacked() -> list:
-            flags, *tensors = local()
-            return [tf.stack([tf.cast(f, tf.float32) for f in flags]), *tensors]
+    def close(self, state, optimizer: keras.optimizers.Optimizer, variables: list) -> tf.Tensor:
+        """Close a due window of ``state`` (cross-replica context): the module docstring's
+        steps 1-3. Returns whether an optimizer update was applied (bool scalar)."""
+        window = state.window
+        mirror = is_loss_scale_optimizer(optimizer)  # the window's one finiteness check
+        prereduce = optimizer_clips(optimizer)  # gradient sums travel with the status
+        present = [i for i, has in enumerate(window.has_gradient) if has]
 
-        per_replica = self.strategy.run(stacked)
-        return self.strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
+        def local_status() -> list:
+            sums = [window.accumulators[i].read_value() for i in present] \
+                if mirror or prereduce else []
+            flags = [window.weight.read_value(), state.frozen, window.poisoned.read_value(),
+                     window.samples.read_value()]
+            if mirror:
+                flags.append(tf.logical_not(all_finite(sums)))
+            status = tf.stack([tf.cast(f, tf.float32) for f in flags])
+            return [status, *(sums if prereduce else [])]
 
-    def run(self, fn: Callable[..., tf.Tensor], *args: Any) -> tf.Tensor:
-        return self.first(self.strategy.run(fn, args=args))
+        per_replica = self.strategy.run(local_status)
+        reduced = self.strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
+        weight, frozen, poisoned, samples, *overflow = tf.unstack(self.first(reduced[0]))
 
-    def prereduces(self, optimizer: keras.optimizers.Optimizer) -> bool:
-        return optimizer_clips(optimizer)
+        def on_replica(status, *sums) -> tf.Tensor:
+            if sums:  # replica 0 passes the global sums, the others exact zeros
+                first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+                sums = [tf.where(first, s, tf.zeros_like(s)) for s in sums]
+            grads = window.mean(status[0], sums, normalize=state.normalize)
+            return state.apply_update(optimizer, variables, grads, unscale=mirror)
 
-    def share(self, total: tf.Tensor) -> tf.Tensor:
-        """Replica 0 carries the global sum, the others exact zeros (Keras's all-reduce adds
-        them up after clipping the true large-batch gradient)."""
-        first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-        return tf.where(first, total, tf.zeros_like(total))
+        def close() -> tf.Tensor:
+            skip = tf.logical_or(poisoned > 0, samples <= 0)
+            if mirror:  # no window is poisoned under loss scaling: skipped = overflowed
+                skip = tf.logical_or(skip, overflow[0] > 0)
+            applied = tf.cond(skip, lambda: tf.constant(False),
+                              lambda: self.first(self.strategy.run(on_replica, args=reduced)))
+            if mirror:
+                update_scale(optimizer, applied)
+            return state.end_window(applied)
+
+        return tf.cond(frozen > 0, lambda: tf.constant(False), close)
 
 
 _ONE_REPLICA = Replicas()

@@ -11,7 +11,7 @@ class NonFiniteGradientError(FloatingPointError):
 
     Training stays stopped until the stop is cleared: the next ``AccumModel.fit`` /
     ``AccumTrainer.fit`` clears it (logged) and continues the kept window with its data; in a
-    custom loop call ``state.clear_nonfinite()``. ``flush_window()`` / ``trainer.flush()``
+    custom loop call ``state.clear_nonfinite()``. ``model.flush()`` / ``trainer.flush()``
     applies the kept window at once, ``state.drop_window()`` discards it.
 
     Attributes:

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore import distribute
+from accumcore import distribute, entry
 from accumcore.config import (
     check_accum_steps,
     check_choice,
@@ -39,7 +39,8 @@ from accumcore.core import (
     summed_loss_gradients,
 )
 from accumcore.denominators import CountedLoss
-from accumcore.state import AccumulationState, NonFinitePolicy
+from accumcore.nonfinite import NonFinitePolicy
+from accumcore.state import AccumulationState
 
 MODES = ("eager", "function", "graph")
 
@@ -328,8 +329,8 @@ class AccumTrainer:
         if self._optimizer_variables is None:
             self._optimizer_variables = {id(v) for v in variables}
         # First build, or accumulators for a new trainable set: compiled steps are retraced.
-        if self.state.prepare(self.model, self._normalizer,
-                              distributed=self._strategy is not None):
+        if entry.prepare(self.state, self.model, self._normalizer,
+                         distributed=self._strategy is not None):
             self._reset_functions()
 
     def _check_new_trainable_set(self, variables: list) -> None:
@@ -484,16 +485,13 @@ class AccumTrainer:
     def flush(self) -> bool:
         """Apply the pending partial window now, with its true weight. Returns whether it did."""
         # To the variables the window was accumulated for (also after a `trainable` change).
-        return self.state.end_epoch(
-            "apply", self.optimizer, self.model.trainable_variables
-        ) == "applied"
+        return entry.flush(self.state, self.optimizer, self.model.trainable_variables)
 
     def end_epoch(self) -> str | None:
         """Apply the end-of-epoch policy to a partial window; returns what was done
-        (:meth:`~accumcore.AccumulationState.end_epoch`)."""
-        return self.state.end_epoch(
-            self.end_of_epoch, self.optimizer, self.model.trainable_variables, self.epoch
-        )
+        (:func:`accumcore.entry.end_epoch`)."""
+        return entry.end_epoch(self.state, self.end_of_epoch, self.optimizer,
+                               self.model.trainable_variables, self.epoch)
 
     # ------------------------------------------------------------------ epoch, eager / function
     def run_micro_batches(

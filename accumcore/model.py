@@ -26,7 +26,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore import compat
+from accumcore import compat, entry
 from accumcore.config import (
     check_optimizer,
     check_settings,
@@ -40,7 +40,8 @@ from accumcore.core import (
 )
 from accumcore.denominators import counted, uncounted
 from accumcore.distribute import is_loss_scale_optimizer
-from accumcore.state import NONFINITE, AccumulationState, NonFinitePolicy, saved_micro_step
+from accumcore.nonfinite import NONFINITE, NonFinitePolicy
+from accumcore.state import AccumulationState, saved_micro_step
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
 # Key under which get_compile_config() carries the accumulation settings (see there).
@@ -56,12 +57,18 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
     ``AccumModel.fit`` adds it automatically, first in the list, so that a partial window is
     flushed *before* validation and before other callbacks (checkpoints) see the epoch's end.
+
+    Its per-batch hook only notes that the epoch had a batch (a flag, safe from any thread), so
+    it is ``async_safe``: with it, Keras still dispatches batch-end callbacks asynchronously
+    (the training loop does not wait for each step's logs), as in a plain ``fit``.
     """
+
+    async_safe = True
 
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
-        self._batches: int | None = None  # training batches seen in the current epoch
+        self._saw_batch: bool | None = None  # a training batch ran in the current epoch
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         # A NonFiniteGradientError stopped the previous fit: start clean. The window before the
@@ -71,12 +78,12 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
-        self._batches = 0
+        self._saw_batch = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # No host read here: a state frozen by a non-finite gradient refuses (and counts) every
         # later micro-batch, so the check runs once, when the epoch's training ends.
-        self._batches = (self._batches or 0) + 1
+        self._saw_batch = True
 
     def _raise_if_nonfinite(self) -> None:
         self.model.accumulation.raise_if_nonfinite(self._epoch)
@@ -86,17 +93,18 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._raise_if_nonfinite()
         # Validation inside fit: a large-batch fit would have applied the last batch already.
         if self.model.end_of_epoch == "apply":
-            self.model.flush_window()
+            self.model.flush()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._batches == 0:
+        # Keras waits for the asynchronous batch-end calls before this one.
+        if self._saw_batch is False:
             raise ValueError(
                 f"The training data (`x`) yielded no batches in epoch {epoch}: it is empty (or "
                 "a dataset exhausted by `steps_per_epoch`). Pass non-empty data, or `.repeat()` "
                 "the dataset when giving `steps_per_epoch`."
             )
         self._raise_if_nonfinite()
-        self.model.end_window_of_epoch(epoch)
+        self.model.end_epoch(epoch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # Training stopped inside an epoch (e.g. `model.stop_training` set by a callback).
@@ -371,7 +379,7 @@ class AccumModel(keras.Model):
         """Change accumulation settings between ``fit`` calls (the window must be empty)."""
         if self.accumulation.pending_micro_batches():
             raise ValueError(
-                "A partial window is pending; call `model.flush_window()` before changing the "
+                "A partial window is pending; call `model.flush()` before changing the "
                 "accumulation settings."
             )
         given = dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch, nonfinite=nonfinite,
@@ -405,7 +413,7 @@ class AccumModel(keras.Model):
             raise ValueError(
                 "The model has no trainable variables now, but a partial window of "
                 f"{self.accumulation.pending_micro_batches()} micro-batch(es) is pending from "
-                "before they were frozen: call `model.flush_window()` before freezing "
+                "before they were frozen: call `model.flush()` before freezing "
                 "(`model.trainable = False`), or unfreeze the model."
             )
         warnings.warn(
@@ -461,12 +469,13 @@ class AccumModel(keras.Model):
                 state.pending_micro_batches()):
             raise ValueError(
                 "The compiled loss needs another normaliser than the pending window was "
-                "accumulated with: call `model.flush_window()` before `compile`-ing a loss "
+                "accumulated with: call `model.flush()` before `compile`-ing a loss "
                 "with another reduction."
             )
         strategy = self.distribute_strategy
         with strategy.scope():  # follows a changed trainable set
-            state.prepare(self, normalizer, distributed=strategy.num_replicas_in_sync > 1)
+            entry.prepare(state, self, normalizer,
+                          distributed=strategy.num_replicas_in_sync > 1)
         self._accum_normalizer = normalizer
 
     def _build_optimizer(self) -> None:
@@ -571,7 +580,7 @@ class AccumModel(keras.Model):
         The optimizer steps on every ``accum_steps``-th call, with the mean gradient of the
         last K batches: K calls with b samples each equal one ``train_on_batch`` of the K * b
         samples on a plain model. The calls in between only accumulate; the returned loss is
-        this micro-batch's. A partial window is applied by ``model.flush_window()``. A
+        this micro-batch's. A partial window is applied by ``model.flush()``. A
         non-finite gradient raises ``NonFiniteGradientError`` here, as in ``fit``.
         """
         result = super().train_on_batch(*args, **kwargs)
@@ -584,18 +593,16 @@ class AccumModel(keras.Model):
         return self._forward_step(x, y, sample_weight, training=False)
 
     # ------------------------------------------------------------------ windows
-    def flush_window(self) -> bool:
-        """Apply the pending partial window now, with its true weight (no-op when empty)."""
-        return self.accumulation.end_epoch(
-            "apply", self.optimizer, self.trainable_variables
-        ) == "applied"
+    def flush(self) -> bool:
+        """Apply the pending partial window now, with its true weight (no-op when empty).
+        Returns whether an optimizer update was applied."""
+        return entry.flush(self.accumulation, self.optimizer, self.trainable_variables)
 
-    def end_window_of_epoch(self, epoch: int | None = None) -> str | None:
+    def end_epoch(self, epoch: int | None = None) -> str | None:
         """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was
-        done (:meth:`~accumcore.AccumulationState.end_epoch`)."""
-        return self.accumulation.end_epoch(
-            self.end_of_epoch, self.optimizer, self.trainable_variables, epoch
-        )
+        done (:func:`accumcore.entry.end_epoch`)."""
+        return entry.end_epoch(self.accumulation, self.end_of_epoch, self.optimizer,
+                               self.trainable_variables, epoch)
 
     # ------------------------------------------------------------------ saving
     def _accumulation_values_to_save(self) -> list:
@@ -614,13 +621,13 @@ class AccumModel(keras.Model):
                 raise ValueError(
                     f"The saved accumulation state holds a partial window of {pending} "
                     "micro-batch(es), but this model has no trainable variables to apply it "
-                    "to: unfreeze the model before loading, or save after `flush_window()`."
+                    "to: unfreeze the model before loading, or save after `flush()`."
                 )
             return  # an empty window: nothing to restore into a frozen model
         if self.optimizer is not None:
             check_optimizer(self.optimizer)
         with self.distribute_strategy.scope():
-            self.accumulation.prepare(self)
+            entry.prepare(self.accumulation, self)
         variables = self.accumulation.variables_for_saving()
         if len(values) != len(variables):
             raise ValueError(
@@ -630,12 +637,3 @@ class AccumModel(keras.Model):
             )
         for v, value in zip(variables, values, strict=True):
             v.assign(value)
-
-    def load_own_variables(self, store) -> None:
-        # Files written before the state moved to its own path (`_AccumulationStore`) kept it
-        # in the model's own store as `accumcore_<i>`: still readable.
-        own = {k: store[k] for k in store.keys() if not str(k).startswith("accumcore_")}
-        super().load_own_variables(own)
-        keys = [k for k in store.keys() if str(k).startswith("accumcore_")]
-        if keys:
-            self._restore_accumulation([store[f"accumcore_{i}"] for i in range(len(keys))])

@@ -3,8 +3,8 @@
 The update rule (the only rule that makes accumulation exact):
 
 * every micro-batch ``i`` contributes the gradient of its **summed** loss, ``c_i * grad(L_i)``,
-  where ``L_i`` is the micro-batch's mean loss and ``c_i`` its weight (number of samples, sum of
-  sample weights, or a caller-supplied item count such as valid tokens);
+  where ``L_i`` is the micro-batch's mean loss and ``c_i`` its weight (what the loss divided
+  by: samples, sum of sample weights or valid elements);
 * when the window closes, the sum is divided **once** by ``sum_i c_i`` and the optimizer's
   ``apply`` is called exactly once.
 
@@ -12,35 +12,45 @@ So the optimizer sees ``sum_i c_i grad(L_i) / sum_i c_i``, which is the gradient
 loss over the whole window: the large-batch gradient. Iterations, learning-rate schedules,
 Adam's bias correction, clipping, weight decay and EMA all advance once per window.
 
-Like optax's ``MultiSteps``, all mutable accumulation state lives here and the whole window
-life cycle is written once, in :class:`AccumulationState`: accumulate, advance, close (the
-library's only ``optimizer.apply`` call, in ``AccumulationState._update``), drop and reset.
-The skip decision for a bad micro-batch is injected (:class:`~accumcore.NonFinitePolicy`). Under a
-``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies only where each step of the
-rule runs and how the window's status is reduced across replicas; loss scaling is the
-``LossScaleOptimizer``'s own (:mod:`accumcore.loss_scaling`).
+Like optax's ``MultiSteps``, all mutable accumulation state lives in one object. Its pieces:
+
+* :class:`~accumcore.window.Window`: the accumulators, the weight and the count (add, due,
+  mean, reset);
+* :class:`~accumcore.nonfinite.NonFiniteGuard` and the policy: what a bad micro-batch does;
+* :class:`~accumcore.window.Counters`: the run-long counts;
+* :class:`AccumulationState`: holds them (and their variables, under the names checkpoints
+  know), runs one micro-step (:meth:`~AccumulationState.step`) and closes a window in
+  :meth:`~AccumulationState._close`, whose :meth:`~AccumulationState.apply_update` is the library's
+  only ``optimizer.apply`` call.
+
+Under a ``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies where each step runs
+and its own close (one status reduction per window); loss scaling is the
+``LossScaleOptimizer``'s own (:mod:`accumcore.loss_scaling`). What an entry point does around
+the state (building it for a model, following the trainable set, the end-of-epoch policy) is
+:mod:`accumcore.entry`'s.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import tensorflow as tf
 
 from accumcore import distribute, loss_scaling
-from accumcore.batchnorm import attach_window_layers
-from accumcore.config import NONFINITE_POLICIES, check_accum_steps, check_choice
-from accumcore.errors import NonFiniteGradientError
+from accumcore.config import check_accum_steps
+from accumcore.nonfinite import (
+    LOSS_SCALED,
+    NonFiniteGuard,
+    NonFinitePolicy,
+    finite,
+    has_nonfinite,
+    nonfinite_policy,
+)
+from accumcore.window import Counters, Window
 
-_ON_READ = tf.VariableSynchronization.ON_READ
-
-logger = logging.getLogger("accumcore")
-
-_SUM_UNDER_STRATEGY = (
+#: The error for a summed loss under a strategy (``accumcore.entry`` raises it too).
+SUM_UNDER_STRATEGY = (
     "A loss with reduction='sum' is not supported under a tf.distribute strategy (Keras "
     "scales such losses differently per replica): use reduction='sum_over_batch_size' (the "
     "default) or 'mean_with_sample_weight'."
@@ -56,6 +66,11 @@ def _as_dtype(variable) -> tf.DType:
     return tf.as_dtype(getattr(variable, "dtype", tf.float32))
 
 
+def variable_name(variable) -> str:
+    """A variable's path (Keras 3) or name."""
+    return getattr(variable, "path", None) or variable.name
+
+
 class _Untracked:
     """Holds a Python value out of ``tf.Module`` tracking (so out of checkpoints)."""
 
@@ -65,68 +80,12 @@ class _Untracked:
         self.value = value
 
 
-def _describe_change(old: list[str], new: list[str]) -> str:
+def describe_change(old: list[str], new: list[str]) -> str:
     """``"+a/kernel, -b/bias"``: variables that became trainable (+) or frozen (-)."""
     added = [f"+{n}" for n in new if n not in old]
     removed = [f"-{n}" for n in old if n not in new]
     parts = added + removed
     return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
-
-
-def _finite(tensor) -> tf.Tensor:
-    """bool scalar: every element of one (dense or IndexedSlices) tensor is finite."""
-    values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
-    return tf.reduce_all(tf.math.is_finite(values))
-
-
-def _all_finite(tensors: Sequence) -> tf.Tensor:
-    """bool scalar: every element of every (dense or IndexedSlices) tensor is finite."""
-    flags = [_finite(t) for t in tensors if t is not None]
-    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
-
-
-def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
-    """The default ``should_skip``: bool scalar, any NaN or Inf in ``grads`` or ``weight``."""
-    return tf.logical_not(_all_finite([*grads, weight]))
-
-
-@dataclass(frozen=True)
-class NonFinitePolicy:
-    """What a bad micro-batch does to the window; the skip decision is injected, as optax's
-    ``MultiSteps(should_skip_update_fn=...)``.
-
-    Attributes:
-        name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
-        freeze: on a flagged micro-batch, keep the state as it was before it and let
-            :meth:`AccumulationState.raise_if_nonfinite` raise from Python; otherwise skip the
-            micro-batch (its samples counted in ``samples_dropped``).
-        skip_window: a skipped micro-batch also discards its whole window when it closes.
-        should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
-            its summed loss) and weight; by default :func:`~accumcore.state.has_nonfinite`.
-    """
-
-    name: str
-    freeze: bool = False
-    skip_window: bool = False
-    should_skip: Callable[[Sequence, tf.Tensor], tf.Tensor] = has_nonfinite
-
-
-#: The public ``nonfinite=`` names and the policies they stand for.
-NONFINITE = {
-    "raise": NonFinitePolicy("raise", freeze=True),
-    "skip_micro_batch": NonFinitePolicy("skip_micro_batch"),
-    "skip_window": NonFinitePolicy("skip_window", skip_window=True),
-}
-
-#: Under a LossScaleOptimizer overflow is expected: the optimizer skips the window whole.
-_LOSS_SCALED = NonFinitePolicy("loss_scaling", should_skip=lambda grads, weight: tf.constant(False))
-
-
-def nonfinite_policy(nonfinite: str | NonFinitePolicy) -> NonFinitePolicy:
-    """The policy for a ``nonfinite=`` argument: one of ``NONFINITE``'s names or a policy."""
-    if isinstance(nonfinite, NonFinitePolicy):
-        return nonfinite
-    return NONFINITE[check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)]
 
 
 class _Scalar(NamedTuple):
@@ -188,50 +147,38 @@ class AccumulationState(tf.Module):
             ``"skip_window"`` (drop the whole window, apply nothing), or a
             :class:`~accumcore.NonFinitePolicy`.
 
-    Variables (created by :meth:`build`, lazily, from the model's trainable variables):
+    Variables (created by :meth:`build` from the model's trainable variables; attributes of
+    the state, under these names in checkpoints):
 
     * ``accumulators``: one per trainable variable, same shape, float32 (float64 for float64
       variables), holding ``sum_i c_i * grad(L_i)`` of the current window.
-    * ``window_weight``: float32 scalar, ``sum_i c_i`` of the current window.
-    * ``micro_step``: int64, number of micro-batches already in the current window (0..K-1).
-    * ``window_samples``: int64, samples in the current window.
-    * Counters (int64, over the whole run): ``windows_applied``, ``windows_skipped``,
-      ``micro_batches_seen``, ``micro_batches_skipped``, ``samples_seen`` (samples counted
-      into windows, applied or pending, plus skipped non-finite micro-batches),
-      ``samples_dropped`` (by the ``"drop"`` end-of-epoch policy, a skipped window or a
-      skipped micro-batch). Samples that reached an update: ``samples_seen - samples_dropped
-      - window_samples``.
-    * Flags (int64): ``window_poisoned`` and, where a non-finite gradient froze the state,
-      ``nonfinite_micro_step``, ``nonfinite_window_position``, ``nonfinite_variable``.
+    * ``window_weight`` (float32, ``sum_i c_i``), ``micro_step`` (micro-batches in the window,
+      0..K-1), ``window_samples``, ``window_poisoned``: the rest of the
+      :class:`~accumcore.window.Window`.
+    * The :class:`~accumcore.window.Counters` (int64, over the whole run).
+    * ``nonfinite_micro_step``, ``nonfinite_window_position``, ``nonfinite_variable``,
+      ``nonfinite_unused``: the :class:`~accumcore.nonfinite.NonFiniteGuard`'s.
 
     :attr:`window_variables` and :meth:`variables_for_saving` list them.
     """
 
-    def __init__(
-        self,
-        accum_steps: int,
-        *,
-        nonfinite: str | NonFinitePolicy = "raise",
-        name: str = "accumulation",
-    ) -> None:
+    def __init__(self, accum_steps: int, *, nonfinite: str | NonFinitePolicy = "raise",
+                 name: str = "accumulation") -> None:
         super().__init__(name=name)
         self.accum_steps = check_accum_steps(accum_steps)
         self.nonfinite = nonfinite
         self.accumulators: list[tf.Variable] = []
-        self._variable_names: list[str] = []
-        self._has_gradient: list[bool] = []
         self._variables = _Untracked(())
-        self._built = False
+        self._pieces = _Untracked(None)  # (Window, Counters, NonFiniteGuard) once built
         #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
         #: default, for mean losses); ``False`` applies it as it is, for losses that are
-        #: already sums (``reduction="sum"``). Set by AccumTrainer / AccumModel from the loss.
+        #: already sums (``reduction="sum"``). Set from the loss by :mod:`accumcore.entry`.
         self.normalize = True
-        # Where the rule's steps run and how the window is reduced (distribute.Replicas).
+        # Where the rule's steps run, and the close under a strategy (distribute.Replicas).
         self._replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
-        #: skipped or dropped. Layers with per-window state (e.g. window-level BatchNorm
-        #: statistics) register here.
+        #: skipped or dropped. Layers with per-window state (window-level BatchNorm) register.
         self.window_hooks: list = []
 
     @property
@@ -247,26 +194,38 @@ class AccumulationState(tf.Module):
     # ------------------------------------------------------------------ building
     @property
     def built(self) -> bool:
-        return self._built
+        return self._pieces.value is not None
+
+    @property
+    def window(self) -> Window:
+        self._check_built()
+        return self._pieces.value[0]
+
+    @property
+    def run_counters(self) -> Counters:
+        self._check_built()
+        return self._pieces.value[1]
+
+    @property
+    def guard(self) -> NonFiniteGuard:
+        self._check_built()
+        return self._pieces.value[2]
 
     def build(self, variables: Sequence) -> bool:
         """Create the accumulators for ``variables`` (the model's trainable variables).
 
-        Safe to call inside a ``tf.function`` trace or a distribution strategy scope: the
-        variables are created eagerly (``tf.init_scope``). Calling it again with the same
-        variables (same objects, same order) is a no-op. Called with a *different* set (a layer
-        was frozen or unfrozen, as in fine-tuning), the accumulators follow it: they are
-        re-created for the new set when the window is empty (counters, flags and the
-        ``nonfinite`` state are kept). With a pending window that would lose accumulated
-        gradients, so it raises instead.
+        Safe inside a ``tf.function`` trace or a strategy scope (the variables are created
+        eagerly, ``tf.init_scope``). With the same variables (same objects, same order) it is a
+        no-op; with a different set (a layer frozen or unfrozen) the accumulators follow it
+        when the window is empty (counters and flags are kept), and it raises otherwise: the
+        pending gradients belong to the old set.
 
         Returns:
             Whether accumulators were created now (first build or a new trainable set).
 
         Raises:
-            ValueError: if ``variables`` is empty (an unbuilt model has no variables yet), or if
-                the set changed while a window is pending (flush it first:
-                ``model.flush_window()`` / ``trainer.flush()``).
+            ValueError: if ``variables`` is empty (an unbuilt model has no variables yet), or
+                if the set changed while a window is pending (flush it first).
         """
         variables = list(variables)
         if not variables:
@@ -275,87 +234,59 @@ class AccumulationState(tf.Module):
                 "Build the model first: call it on one batch, call `model.build(input_shape)`, "
                 "or start it with `keras.Input(shape=...)`."
             )
-        if self._built:
+        if self.built:
             if self.same_variables(variables):
                 return False
             self._follow(variables)
             return True
-        on_read = tf.distribute.has_strategy()
-        self._replicas = distribute.replicas(tf.distribute.get_strategy() if on_read else None)
+        strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+        self._replicas = distribute.replicas(strategy)
         with tf.init_scope():
             # Extend the tracked list in place (not re-assign it) so that a checkpoint read
             # before the state was built restores the accumulators when they are created.
             self.accumulators.extend(self._new_accumulators(variables))
             for s in _SCALARS:
                 dtype = tf.float32 if isinstance(s.initial, float) else tf.int64
-                value = tf.Variable(
+                setattr(self, s.name, tf.Variable(
                     tf.constant(s.initial, dtype), trainable=False, name=s.name,
-                    **self._placement(s.summed),
-                )
-                setattr(self, s.name, value)
+                    **self._replicas.placement(s.summed)))
         self._set_variables(variables)
-        self._built = True
         return True
-
-    def prepare(self, model, normalizer: str | Callable | None = None, *,
-                distributed: bool = False) -> bool:
-        """Everything an entry point does to ready the state for ``model``, in one place.
-
-        Refuses a summed loss (``normalizer="sum"``) under a strategy, builds the accumulators
-        for ``model.trainable_variables`` (or follows a changed set: :meth:`build`), sets
-        :attr:`normalize` from ``normalizer`` (``None``: unchanged) and attaches ``model``'s
-        window-level BatchNorm layers to this state. ``AccumTrainer`` and ``AccumModel`` call
-        it; call it inside ``strategy.scope()`` under a strategy.
-
-        Returns:
-            Whether accumulators were created now (first build or a new trainable set).
-        """
-        if normalizer == "sum" and distributed:
-            raise ValueError(_SUM_UNDER_STRATEGY)
-        created = self.build(model.trainable_variables)
-        if normalizer is not None:
-            self.normalize = normalizer != "sum"
-        attach_window_layers(model, self)  # window-level BN: one update per window
-        return created
-
-    def _placement(self, summed: bool) -> dict:
-        """Under a strategy: one local copy per replica, read as their sum or the first."""
-        if not self._replicas.distributed:
-            return {}
-        first = tf.VariableAggregation.ONLY_FIRST_REPLICA
-        aggregation = tf.VariableAggregation.SUM if summed else first
-        return dict(synchronization=_ON_READ, aggregation=aggregation)
 
     def _new_accumulators(self, variables: list) -> list[tf.Variable]:
         """Zero accumulators, one per variable (float32; float64 for float64 variables)."""
         with tf.init_scope():
             return [
-                tf.Variable(
-                    tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
-                    trainable=False,
-                    name=f"accum_{i}",
-                    **self._placement(summed=True),
-                )
+                tf.Variable(tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
+                            trainable=False, name=f"accum_{i}",
+                            **self._replicas.placement(summed=True))
                 for i, v in enumerate(variables)
             ]
 
     def _set_variables(self, variables: list) -> None:
-        # Held outside tf.Module's tracking: the model's variables are not the state's to save.
+        """Hold ``variables`` (untracked: the model's variables are not the state's to save)
+        and assemble the pieces over the state's variables."""
         self._variables = _Untracked(tuple(variables))
-        self._variable_names = [getattr(v, "path", None) or v.name for v in variables]
-        self._has_gradient = [True] * len(variables)
+        parts = self._replicas.parts
+        window = Window(self.accumulators, self.window_weight, self.micro_step,
+                        self.window_samples, self.window_poisoned, parts,
+                        self._replicas.distributed)
+        counters = Counters({name: getattr(self, name) for name in Counters.NAMES}, parts)
+        guard = NonFiniteGuard(self.nonfinite_micro_step, self.nonfinite_window_position,
+                               self.nonfinite_variable, self.nonfinite_unused, parts)
+        self._pieces = _Untracked((window, counters, guard))
 
     def _follow(self, variables: list) -> None:
         """Re-create the accumulators for a new trainable set (the window must be empty)."""
-        old = list(self._variable_names)
-        new = [getattr(v, "path", None) or v.name for v in variables]
+        old = [variable_name(v) for v in self._variables.value]
+        new = [variable_name(v) for v in variables]
         pending = self.pending_micro_batches()
         if pending:
             raise ValueError(
                 f"The trainable variables changed ({len(old)} -> {len(new)} variables: "
-                f"{_describe_change(old, new)}) while a window of {pending} micro-batches is "
+                f"{describe_change(old, new)}) while a window of {pending} micro-batches is "
                 "pending. Its gradients belong to the old set: apply it first with "
-                "`model.flush_window()` (AccumModel) or `trainer.flush()` (AccumTrainer), "
+                "`model.flush()` (AccumModel) or `trainer.flush()` (AccumTrainer), "
                 "then change `trainable` (or train on: the next `fit` after `compile` follows "
                 "the new set)."
             )
@@ -372,25 +303,25 @@ class AccumulationState(tf.Module):
 
     def same_variables(self, variables: Sequence) -> bool:
         """Whether ``variables`` are exactly the ones the accumulators were built for."""
-        built = self._variables.value if self._built else ()
+        built = self._variables.value
         variables = tuple(variables)
         return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
 
     @property
     def variables_accumulated(self) -> tuple:
         """The trainable variables the accumulators belong to, in order (empty if unbuilt)."""
-        return self._variables.value if self._built else ()
+        return self._variables.value
 
+    # ------------------------------------------------------------------ queries
     def pending_micro_batches(self) -> int:
         """Micro-batches in the current window (Python int; 0 when unbuilt). Call eagerly."""
-        if not self._built:
+        if not self.built:
             return 0
         with tf.init_scope():
             return max(int(part.numpy()) for part in self._replicas.parts(self.micro_step))
 
-    # ------------------------------------------------------------------ queries
     def _check_built(self) -> None:
-        if not self._built:
+        if not self.built:
             raise ValueError(
                 "AccumulationState is not built: call `state.build(model.trainable_variables)` "
                 "once the model has variables."
@@ -416,14 +347,14 @@ class AccumulationState(tf.Module):
 
     def _check_variables(self, variables: Sequence) -> None:
         if not self.same_variables(variables):
-            names = [getattr(v, "path", None) or v.name for v in variables]
+            names = [variable_name(v) for v in variables]
+            built = [variable_name(v) for v in self._variables.value]
             raise ValueError(
                 f"The trainable variables ({len(names)}) are not the ones the accumulators "
-                f"were built for ({len(self._variable_names)}; "
-                f"{_describe_change(self._variable_names, names)}): a layer was frozen or "
-                "unfrozen. Call `state.build(model.trainable_variables)` with an empty window "
-                "before the next step (AccumTrainer does this itself, `AccumModel.fit` after "
-                "`compile`), and retrace compiled steps."
+                f"were built for ({len(built)}; {describe_change(built, names)}): a layer was "
+                "frozen or unfrozen. Call `state.build(model.trainable_variables)` with an "
+                "empty window before the next step (AccumTrainer does this itself, "
+                "`AccumModel.fit` after `compile`), and retrace compiled steps."
             )
 
     @property
@@ -434,40 +365,35 @@ class AccumulationState(tf.Module):
     @property
     def frozen(self) -> tf.Tensor:
         """True once a non-finite gradient was seen under ``nonfinite="raise"``."""
-        return self.nonfinite_micro_step >= 0
+        return self.guard.frozen
 
     @property
     def window_variables(self) -> list[tf.Variable]:
-        """The current window's variables (emptied whenever it ends).
-
-        The accumulators, ``window_weight``, ``micro_step``, ``window_samples`` and
-        ``window_poisoned``."""
-        self._check_built()
-        return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.window)]
+        """The current window's variables (emptied whenever it ends): the accumulators,
+        ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
+        return self.window.variables
 
     def variables_for_saving(self) -> list[tf.Variable]:
         """What a saved model holds to resume mid-window, in a fixed order: the accumulators,
         then ``window_weight``, ``micro_step``, ``window_samples``, the six run counters and
-        ``window_poisoned`` (the order of the ``accumcore_<i>`` entries of ``.keras`` files).
-        The non-finite flags are not saved: a frozen state is not saved frozen."""
+        ``window_poisoned`` (the order of the entries of ``.keras`` files). The non-finite
+        flags are not saved: a frozen state is not saved frozen."""
         self._check_built()
         return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.saved)]
 
     def counters(self) -> dict[str, int | float]:
         """The counters as Python numbers (reads the variables; call outside graphs): the
         run-long counts (ints) and the pending window's ``micro_step``, ``window_samples`` and
-        ``window_weight`` (``sum_i c_i``, a float: samples, sample-weight sum or valid tokens,
-        whatever the loss divides by)."""
+        ``window_weight`` (``sum_i c_i``, a float: whatever the loss divides by)."""
         self._check_built()
         return {
             s.name: (float if isinstance(s.initial, float) else int)(getattr(self, s.name).numpy())
             for s in _SCALARS if s.reported
         }
 
-    # ------------------------------------------------------------------ the window life cycle
-    def accumulate(
-        self, grads: Sequence, weight, samples, optimizer=None, *, advance: bool = False
-    ) -> tf.Tensor:
+    # ------------------------------------------------------------------ one micro-step
+    def accumulate(self, grads: Sequence, weight, samples, optimizer=None, *,
+                   advance: bool = False) -> tf.Tensor:
         """Add one micro-batch: ``grads`` are gradients of its **summed** loss ``c_i * L_i``.
 
         Args:
@@ -476,99 +402,66 @@ class AccumulationState(tf.Module):
             weight: ``c_i``, float scalar (samples, sum of sample weights or item count).
             samples: number of samples in the micro-batch (int scalar), for the counters.
             optimizer: the optimizer the window will be applied with (optional). With a
-                ``keras.optimizers.LossScaleOptimizer`` the per-micro-batch ``nonfinite``
-                policy is not applied: an overflowing micro-batch is added as it is and the
-                window is checked once, when it closes (skipped whole, loss scale lowered).
-            advance: also count the micro-batch into the window (what :meth:`advance` does),
-                unless a frozen state refuses it (``nonfinite="raise"``: neither the bad
-                micro-batch nor any later one is counted). :meth:`step` uses this.
+                ``keras.optimizers.LossScaleOptimizer`` no micro-batch is checked: the window
+                is checked once, when it closes (skipped whole, loss scale lowered).
+            advance: also count the micro-batch into the window (:meth:`advance`), unless a
+                frozen state refuses it (``nonfinite="raise"``). :meth:`step` uses this.
 
         Returns:
             A bool scalar: whether the micro-batch was added (False if it was skipped or the
             state is frozen by a non-finite gradient).
 
-        The work per micro-batch is the rule's: the weighted gradients added, the weight and
-        the counters advanced, and one finiteness test (one ``is_finite`` reduction per
-        gradient, stacked into one flag vector). Everything else (skipping, freezing, the first
-        offending variable) is in the one rarely taken branch of one ``tf.cond``.
+        Per micro-batch: the gradients added, the weight and the counts, and one finiteness
+        test; skipping, freezing and the diagnosis are in the rarely taken branch of one
+        ``tf.cond``.
         """
         self._check_built()
         self._check_gradients(grads)
-        self._has_gradient = [g is not None for g in grads]
+        window, counters, guard = self._pieces.value
+        window.has_gradient = [g is not None for g in grads]
         weight = tf.cast(weight, tf.float32)
         samples = tf.cast(samples, tf.int64)
-        present = [(i, g) for i, g in enumerate(grads) if g is not None]
         scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
-        policy = _LOSS_SCALED if scaled else self.nonfinite_policy
+        policy = LOSS_SCALED if scaled else self.nonfinite_policy
+        counted_inside = policy.freeze or scaled  # seen only if added (else: always)
 
         def add() -> tf.Tensor:
-            for i, g in present:
-                acc = self.accumulators[i]
-                if isinstance(g, tf.IndexedSlices):
-                    values = tf.cast(g.values, acc.dtype)
-                    if self._replicas.distributed:
-                        # A replica-local (ON_READ) variable has no scatter_add: add the rows
-                        # as one dense tensor (repeated indices summed, as scatter_add does).
-                        acc.assign_add(tf.math.unsorted_segment_sum(
-                            values, g.indices, num_segments=acc.shape[0]))
-                    else:
-                        acc.scatter_add(tf.IndexedSlices(values, g.indices, g.dense_shape))
-                else:
-                    acc.assign_add(tf.cast(g, acc.dtype))
-            self.window_weight.assign_add(weight)
-            self.window_samples.assign_add(samples)
-            if policy.freeze or policy is _LOSS_SCALED:  # else counted once, outside the cond
-                self.samples_seen.assign_add(samples)
+            window.add(grads, weight, samples)
+            if counted_inside:
+                counters.samples_seen.assign_add(samples)
             if advance and policy.freeze:
                 self.advance()
             return tf.constant(True)
 
-        if policy is _LOSS_SCALED:  # no per-micro-batch check: the window is checked at close
+        if scaled:
             added = add()
             if advance:
                 self.advance()
             return added
-
+        present = [(i, g) for i, g in enumerate(grads) if g is not None]
         flags = None  # per-gradient finiteness, reused by the freeze branch's diagnosis
         if policy.should_skip is has_nonfinite:
-            flags = [_finite(g) for _, g in present]
-            bad = tf.logical_not(tf.reduce_all(tf.stack([*flags, _finite(weight)])))
+            flags = [finite(g) for _, g in present]
+            bad = tf.logical_not(tf.reduce_all(tf.stack([*flags, finite(weight)])))
         else:
             bad = tf.convert_to_tensor(policy.should_skip(grads, weight))
+        if policy.freeze:
+            def refuse() -> tf.Tensor:
+                checks = flags if flags is not None else [finite(g) for _, g in present]
+                return guard.refuse(checks, [i for i, _ in present],
+                                    self.micro_step.read_value(),
+                                    self.micro_batches_seen.read_value())
+
+            return tf.cond(tf.logical_not(tf.logical_or(bad, guard.frozen)), add, refuse)
 
         def skip() -> tf.Tensor:
-            self.micro_batches_skipped.assign_add(1)
-            # Its samples were seen (counted below) but reach no update: counted as dropped
-            # too, so that samples_seen always sums to (dataset size x epochs).
-            self.samples_dropped.assign_add(samples)
+            counters.skip(samples)
             if policy.skip_window:
                 self.window_poisoned.assign(1)
             return tf.constant(False)
 
-        def refuse() -> tf.Tensor:
-            """A bad micro-batch freezes the state (recording where); a frozen state counts
-            the micro-batches it refuses. No nested ``cond``: selects on scalars."""
-            frozen = self.frozen
-            fresh = tf.logical_not(frozen)
-            self.nonfinite_unused.assign_add(tf.cast(frozen, tf.int64))
-            checks = flags if flags is not None else [_finite(g) for _, g in present]
-            index_map = tf.constant([i for i, _ in present] + [-1], tf.int64)
-            # First offending variable (-1, the last entry: only the weight was non-finite).
-            first = tf.argmin(tf.cast(tf.stack([*checks, tf.constant(False)]), tf.int32))
-            record = (
-                (self.nonfinite_variable, tf.gather(index_map, first)),
-                (self.nonfinite_window_position, self.micro_step.read_value()),
-                (self.nonfinite_micro_step, self.micro_batches_seen.read_value()),
-            )
-            for variable, value in record:
-                variable.assign(tf.where(fresh, value, variable.read_value()))
-            return tf.constant(False)
-
-        if policy.freeze:
-            ok = tf.logical_not(tf.logical_or(bad, self.frozen))
-            return tf.cond(ok, add, refuse)
         added = tf.cond(bad, skip, add)
-        self.samples_seen.assign_add(samples)  # added or skipped: seen either way
+        counters.samples_seen.assign_add(samples)  # added or skipped: seen either way
         if advance:  # a skipped micro-batch still takes its place in the window
             self.advance()
         return added
@@ -576,14 +469,13 @@ class AccumulationState(tf.Module):
     def advance(self) -> None:
         """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
         self.micro_batches_seen.assign_add(1)
-        self.micro_step.assign_add(1)
+        self.window.advance()
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
         """Accumulate one micro-batch and close the window when it holds K micro-batches.
 
-        This is the whole per-micro-batch rule used by the eager loop, the compiled loop and
-        ``AccumModel.train_step``. Graph-safe (no Python decision depends on tensor values).
-        Under a strategy it runs in replica context (inside ``strategy.run``).
+        The whole per-micro-batch rule of the eager loop, the compiled loop and
+        ``AccumModel.train_step``. Graph-safe; under a strategy it runs in replica context.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
@@ -592,36 +484,33 @@ class AccumulationState(tf.Module):
         self._check_variables(variables)
         self._replicas.require_replica_context()
         variables = list(variables)
-
-        def close_if_full() -> tf.Tensor:
-            return self._close_if_due(optimizer, variables, force=False)
-
         if self._replicas.distributed:
             # Every replica advances in lockstep (a frozen one too); whether the window is
             # full is decided in cross-replica context.
             self.accumulate(grads, weight, samples, optimizer)
             self.advance()
-            return self._replicas.decide(close_if_full)
-        # One replica: a frozen state does not advance, so its window never becomes due.
-        self.accumulate(grads, weight, samples, optimizer, advance=True)
-        return close_if_full()
+        else:  # a frozen state does not advance, so its window never becomes due
+            self.accumulate(grads, weight, samples, optimizer, advance=True)
+        return self._replicas.decide(lambda: self._close_if_due(optimizer, variables,
+                                                                force=False))
 
+    # ------------------------------------------------------------------ closing a window
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
-        """Close the current window: one ``optimizer.apply`` with the window's mean gradient.
+        """Close the current window now: one ``optimizer.apply`` with its mean gradient.
 
-        A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) is discarded
-        and counted in ``windows_skipped`` instead, and so is a window whose loss-scaled
-        gradient is not finite under a ``LossScaleOptimizer`` (the loss scale is lowered). An
-        empty window does nothing, and so does a frozen state. Graph-safe; under a strategy,
-        callable in replica or cross-replica context.
+        A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) or whose
+        loss-scaled gradient is not finite (``LossScaleOptimizer``: the scale is lowered) is
+        discarded and counted in ``windows_skipped``. An empty window does nothing, and so
+        does a frozen state. Graph-safe; under a strategy, callable in replica or
+        cross-replica context.
 
         Args:
             optimizer: the Keras optimizer (``apply`` is called once).
             variables: the model's current trainable variables. The window is applied to the
-                variables its accumulators were built for (:attr:`variables_accumulated`), also
-                when ``trainable`` changed since; an optimizer that is not built yet (a new one
-                from ``compile``) is built for ``variables``, so that it can update the whole
-                current set afterwards (a Keras optimizer cannot take new variables later).
+                variables its accumulators were built for (:attr:`variables_accumulated`),
+                also when ``trainable`` changed since; an optimizer that is not built yet (a
+                new one from ``compile``) is built for ``variables``, so that it can update
+                the whole current set afterwards.
 
         Returns:
             bool scalar: whether an optimizer update was applied.
@@ -630,202 +519,92 @@ class AccumulationState(tf.Module):
         if variables is not None and not self._replicas.distributed and not optimizer.built:
             with tf.init_scope():
                 optimizer.build(list(variables))
-        # The window is applied to the variables it was accumulated for, even if `trainable`
-        # changed since (e.g. a flush after unfreezing a layer).
         variables = list(self._variables.value)
         if not self.normalize and self._replicas.distributed:
-            raise ValueError(_SUM_UNDER_STRATEGY)
+            raise ValueError(SUM_UNDER_STRATEGY)
         key = (id(optimizer), *map(id, variables))
         return self._replicas.decide(
-            lambda: self._close_if_due(optimizer, variables, force=True), key
-        )
+            lambda: self._close_if_due(optimizer, variables, force=True), key)
 
     def drop_window(self) -> None:
         """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
         self._check_built()
-        self._end_window(False, counted=False)
-
-    def end_epoch(
-        self, policy: str, optimizer, variables: Sequence | None = None, epoch: int | None = None
-    ) -> str | None:
-        """Apply an end-of-epoch policy (or a flush) to the pending partial window.
-
-        The one place where AccumTrainer, ResumableLoop and AccumModel decide what happens to
-        a window still open when an epoch ends (``flush()`` / ``flush_window()`` call it with
-        ``"apply"``). From Python (eager), also under a strategy (cross-replica context).
-
-        Args:
-            policy: ``"apply"`` (one update with the window's true weight, see
-                :meth:`apply_window`), ``"drop"`` (discard it, counted in ``samples_dropped``;
-                logged as a warning) or ``"carry"`` (keep it for the next epoch; logged).
-            optimizer: the Keras optimizer, for ``"apply"``.
-            variables: the model's current trainable variables (see :meth:`apply_window`).
-            epoch: the epoch that ended, for the log line.
-
-        Returns:
-            ``None`` if no window was pending (nothing done), else what was done:
-            ``"applied"`` (an optimizer update), ``"skipped"`` (``"apply"``, but the window
-            was skipped: non-finite, or frozen), ``"dropped"`` or ``"carried"``.
-        """
-        pending = self.pending_micro_batches()
-        if pending == 0:
-            return None
-        if policy == "apply":
-            return "applied" if bool(self.apply_window(optimizer, variables)) else "skipped"
-        if policy == "drop":
-            logger.warning(
-                "end_of_epoch='drop': discarding a partial window of %d micro-batches "
-                "(%d samples) at the end of epoch %s.",
-                pending, int(self.window_samples.numpy()), epoch,
-            )
-            self.drop_window()
-            return "dropped"
-        logger.info("end_of_epoch='carry': %d micro-batches carried into the next epoch.", pending)
-        return "carried"
+        self.end_window(False, counted=False)
 
     def reset(self) -> None:
-        """Empty the current window (:attr:`window_variables`); counters are kept.
-
-        In cross-replica context under a strategy: every local replica's part, reading nothing.
-        """
-        for variable in self.window_variables:
-            for part in self._replicas.parts(variable):
-                part.assign(tf.zeros(part.shape, part.dtype))
+        """Empty the current window (:attr:`window_variables`); counters are kept."""
+        self.window.reset()
 
     def _close_if_due(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
         """Close the window if it holds K micro-batches (any, with ``force``): bool scalar.
 
-        Under a strategy this runs in cross-replica context (``Replicas.decide``), where the
-        replicas' window counters agree (they advance in lockstep): the first one's decides.
+        Under a strategy this runs in cross-replica context, where the replicas' window
+        counters agree (they advance in lockstep): the first one's decides.
         """
-        micro = self._replicas.first(self.micro_step)
-        due = micro > 0 if force else micro >= self.accum_steps
+        due = self.window.due(self._replicas.first(self.micro_step), self.accum_steps,
+                              force=force)
         if force and not self._replicas.distributed:
-            # One replica: a frozen state keeps its window (the Python side raises). It never
-            # advances, so only a flush can find it frozen; under a strategy the frozen flag
-            # is part of the window's status (see _close).
+            # One replica: a frozen state keeps its window (the Python side raises). Under a
+            # strategy the frozen flag is part of the window's status (distribute's close).
             due = tf.logical_and(due, tf.logical_not(self.frozen))
-        return tf.cond(
-            due, lambda: self._close(optimizer, variables), lambda: tf.constant(False)
-        )
-
-    def _mirrors_loss_scaling(self, optimizer) -> bool:
-        """Under a strategy the loss-scale rule is accumcore's mirror (see loss_scaling)."""
-        return self._replicas.distributed and loss_scaling.is_loss_scale_optimizer(optimizer)
+        return tf.cond(due, lambda: self._close(optimizer, variables), lambda: tf.constant(False))
 
     def _close(self, optimizer, variables: list) -> tf.Tensor:
-        """Close a due window: one status reduction, at most one update, :meth:`_end_window`.
+        """Close a due window: its mean gradient, the skip decision, one update, its end.
 
-        The status holds only the entries the window's fate can depend on (``names``): the
-        weight ``W``; ``frozen`` (a strategy only: a frozen replica keeps the window open; one
-        replica is never due frozen); ``poisoned`` and ``samples`` (skipped: ``"skip_window"``,
-        or every micro-batch skipped; one replica skips neither under ``"raise"`` nor with a
-        ``LossScaleOptimizer``, which skips an overflowed window itself); ``overflow`` (a
-        strategy with a ``LossScaleOptimizer``: the window's one finiteness check). With one
-        replica they are read where they are; under a strategy ``Replicas.sum`` stacks them
-        and reduces them in one batch, with the gradient sums when the optimizer clips.
+        A window is skipped when a micro-batch condemned it (``"skip_window"``) or none of its
+        micro-batches was added; under ``"raise"`` neither can happen (a frozen state is never
+        due), and a ``LossScaleOptimizer`` skips an overflowed window itself. Under a strategy
+        :meth:`accumcore.distribute.StrategyReplicas.close` is the close, with the window's one
+        status reduction.
 
         Returns:
             bool scalar: whether an optimizer update was applied.
         """
-        replicas = self._replicas
-        mirror = self._mirrors_loss_scaling(optimizer)
-        prereduce = replicas.prereduces(optimizer)
-        scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
-        can_skip = replicas.distributed or not (self.nonfinite_policy.freeze or scaled)
-        names = [
-            "weight",
-            *(["frozen"] if replicas.distributed else []),
-            *(["poisoned", "samples"] if can_skip else []),
-            *(["overflow"] if mirror else []),
-        ]
-        present = [i for i, has in enumerate(self._has_gradient) if has]
-
-        def local_status() -> list:
-            """``[flags, *sums]`` here: the ``names`` entries and the gradient sums to
-            pre-reduce."""
-            needed = mirror or prereduce
-            sums = [self.accumulators[i].read_value() for i in present] if needed else []
-            flags = {
-                "weight": self.window_weight.read_value,  # W = sum_i c_i, float32
-                "frozen": lambda: self.frozen,
-                "poisoned": self.window_poisoned.read_value,
-                "samples": self.window_samples.read_value,
-                "overflow": lambda: tf.logical_not(_all_finite(sums)),
-            }
-            return [[flags[name]() for name in names], *(sums if prereduce else [])]
-
-        reduced = replicas.sum(local_status)  # THE reduction of the window (none: one replica)
-        status = replicas.first(reduced[0])
-
-        def flag(name: str) -> tf.Tensor:
-            return status[names.index(name)]
+        if self._replicas.distributed:
+            return self._replicas.close(self, optimizer, variables)
 
         def update() -> tf.Tensor:
-            return replicas.run(
-                lambda local, *sums: self._update(optimizer, variables, local[0], sums), *reduced
-            )
+            grads = self.window.mean(self.window_weight.read_value(), normalize=self.normalize)
+            return self.apply_update(optimizer, variables, grads)
 
-        def close() -> tf.Tensor:
-            skips = [flag("poisoned") > 0, flag("samples") <= 0] if can_skip else []
-            if mirror:  # no window is poisoned under loss scaling: skipped = overflowed
-                skips.append(flag("overflow") > 0)
-            if skips:
-                skip = functools.reduce(tf.logical_or, skips)
-                applied = tf.cond(skip, lambda: tf.constant(False), update)
-            else:
-                applied = update()  # True: statically, unless a LossScaleOptimizer skips it
-            if mirror:
-                loss_scaling.update_scale(optimizer, applied)
-            return self._end_window(applied)
+        if self.nonfinite_policy.freeze or loss_scaling.is_loss_scale_optimizer(optimizer):
+            applied = update()  # True, unless a LossScaleOptimizer skips the window itself
+        else:
+            skip = tf.logical_or(self.window_poisoned > 0, self.window_samples <= 0)
+            applied = tf.cond(skip, lambda: tf.constant(False), update)
+        return self.end_window(applied)
 
-        if not replicas.distributed:
-            return close()
-        return tf.cond(flag("frozen") > 0, lambda: tf.constant(False), close)
-
-    def _update(self, optimizer, variables: list, weight: tf.Tensor, sums: Sequence) -> tf.Tensor:
-        """The window's optimizer update: the library's one ``apply`` call. Runs in replica
-        context under a strategy (each replica applies its share; Keras all-reduces them).
+    def apply_update(self, optimizer, variables: list, grads: list, *,
+               unscale: bool = False) -> tf.Tensor:
+        """The window's optimizer update: the library's one ``apply`` call (under a strategy,
+        in replica context: each replica applies its share, Keras all-reduces them).
 
         Args:
-            weight: ``W = sum_i c_i`` over the whole window (all replicas), float32 scalar.
-            sums: the window's gradient sums over all replicas when the replicas pre-reduce
-                them (gradient clipping), else empty: each replica's accumulators hold its own.
+            grads: the window's gradient, one entry per variable (``None``: no gradient).
+            unscale: apply the unscaled gradient with the inner optimizer of a
+                ``LossScaleOptimizer`` (under a strategy: :mod:`accumcore.loss_scaling`).
 
         Returns:
             bool scalar: whether the update was applied (a LossScaleOptimizer skips an
             overflowed window itself).
         """
-        totals = iter(sums)
-        grads = []
-        for acc, has in zip(self.accumulators, self._has_gradient, strict=True):
-            if not has:
-                grads.append(None)
-                continue
-            total = self._replicas.share(next(totals)) if sums else acc.read_value()
-            if self.normalize:  # mean losses; a summed loss (reduction="sum") is applied as is
-                total = tf.math.divide_no_nan(total, tf.cast(weight, total.dtype))
-            grads.append(total)
         target = optimizer
-        if self._mirrors_loss_scaling(optimizer):
+        if unscale:
             target, grads = optimizer.inner_optimizer, loss_scaling.unscale(optimizer, grads)
-        grads = [
-            None if g is None else tf.cast(g, _as_dtype(v))
-            for g, v in zip(grads, variables, strict=True)
-        ]
+        grads = [None if g is None else tf.cast(g, _as_dtype(v))
+                 for g, v in zip(grads, variables, strict=True)]
         target.apply(grads, variables)
         return loss_scaling.window_applied(target, grads)
 
-    def _end_window(self, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
-        """Every window ends here, applied, skipped or dropped: counted, its unapplied samples
-        added to ``samples_dropped``, the window hooks run, then :meth:`reset` (under a
-        strategy: every local copy, from cross-replica context).
+    def end_window(self, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
+        """Every window ends here, applied, skipped or dropped: counted, the window hooks run,
+        then emptied (under a strategy: every local copy, from cross-replica context).
 
         Args:
-            applied: a Python bool or a bool scalar tensor. Known statically (a bool, a
-                constant, an eager tensor), only that outcome is written. Otherwise the hooks
-                (which take a Python bool) run in one ``cond``, a branch per outcome; without
-                hooks both outcomes are written as int64 arithmetic on ``applied``.
+            applied: a Python bool or a bool scalar tensor. Known statically, only that
+                outcome is written; otherwise the hooks (which take a Python bool) run in one
+                ``cond``, a branch per outcome.
             counted: count the window in ``windows_applied`` / ``windows_skipped`` (``False``:
                 a dropped window, counted only in ``samples_dropped``).
 
@@ -834,112 +613,47 @@ class AccumulationState(tf.Module):
         """
         known = tf.get_static_value(applied)
         if known is None and self.window_hooks:
-            return tf.cond(
-                applied,
-                lambda: self._end_window(True, counted=counted),
-                lambda: self._end_window(False, counted=counted),
-            )
-        parts = self._replicas.parts
-        if known is None:  # 0 or 1 window of each outcome
-            applied_n = tf.cast(applied, tf.int64)
-            skipped_n = 1 - applied_n
-            outcomes = [(self.windows_applied, applied_n), (self.windows_skipped, skipped_n)]
-        else:
-            outcomes = [(self.windows_applied if known else self.windows_skipped, 1)]
-        if counted:
-            for counter, n in outcomes:
-                for part in parts(counter):
-                    part.assign_add(n)
-        if not known:  # not applied (or not known): its samples reach no update
-            for dropped, pending in zip(
-                parts(self.samples_dropped), parts(self.window_samples), strict=True
-            ):
-                samples = pending.read_value()
-                dropped.assign_add(samples if known is not None else skipped_n * samples)
+            return tf.cond(applied, lambda: self.end_window(True, counted=counted),
+                           lambda: self.end_window(False, counted=counted))
+        self.run_counters.end_window(applied, self.window_samples, counted=counted)
         for hook in self.window_hooks:
             hook(bool(known))
-        self.reset()
+        self.window.reset()
         return applied if known is None else tf.constant(bool(known))
 
     # ------------------------------------------------------------------ non-finite report
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
-        """Raise :class:`NonFiniteGradientError` if a non-finite gradient froze the state.
+        """Raise :class:`~accumcore.NonFiniteGradientError` if a non-finite gradient froze
+        the state.
 
         Call from Python, after a step or after many: a frozen state refuses every later
         micro-batch (counted), so checking once per epoch loses nothing but that epoch's
-        remaining compute. ``AccumModel.fit`` and ``AccumTrainer.fit`` check at the end of each
-        epoch (no host read per micro-batch); ``train_on_batch``, ``train_micro_batch`` and
-        ``window_step`` after each call. The error names the epoch (when given), the
-        micro-step, its position in the window, the first offending variable and how many
-        later micro-batches were seen while frozen (not used). :meth:`clear_nonfinite`
+        remaining compute. ``fit`` checks at the end of each epoch; ``train_on_batch``,
+        ``train_micro_batch`` and ``window_step`` after each call. :meth:`clear_nonfinite`
         unfreezes the state (the bad micro-batch stays out).
         """
-        if not self._built or not self.nonfinite_policy.freeze:
+        if not self.built or not self.nonfinite_policy.freeze:
             return
-        # Under a strategy: the first local replica that froze (each replica checks its shard).
-        def local(variable: tf.Variable) -> list[int]:
-            return [int(part.numpy()) for part in self._replicas.parts(variable)]
-
-        steps = local(self.nonfinite_micro_step)
-        replica = max(range(len(steps)), key=steps.__getitem__)
-        step = steps[replica]
-        if step < 0:
-            return
-        position = local(self.nonfinite_window_position)[replica]
-        unused = local(self.nonfinite_unused)[replica]
-        index = local(self.nonfinite_variable)[replica]
-        variable = self._variable_names[index] if index >= 0 else "<micro-batch weight>"
-        where = f"epoch {epoch}, " if epoch is not None else ""
-        raise NonFiniteGradientError(
-            f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "
-            f"in its window of {self.accum_steps}); first offending variable: {variable}. "
-            "That micro-batch was not accumulated; the window before it is intact and kept. "
-            f"{unused} later micro-batch(es) were seen while the state was frozen and not "
-            f"used{' (the rest of that epoch)' if epoch is not None else ''}. "
-            "Training is stopped until this is cleared: the next `fit` (AccumModel.fit or "
-            "AccumTrainer.fit) clears it and continues that window with its data; in your "
-            "own loop call `state.clear_nonfinite()` (`model.accumulation` / "
-            "`trainer.state`) to continue, then `flush_window()` / `trainer.flush()` to apply "
-            "the kept window now or `state.drop_window()` to discard it. "
-            "Fix the data or the learning rate, or pass nonfinite='skip_micro_batch' or "
-            "'skip_window' to skip such micro-batches.",
-            micro_step=step,
-            window_position=position,
-            variable=variable,
-            epoch=epoch,
-            unused_micro_batches=unused,
-        )
+        names = [variable_name(v) for v in self._variables.value]
+        error = self.guard.error(names, self.accum_steps, epoch)
+        if error is not None:
+            raise error
 
     def clear_nonfinite(self) -> bool:
-        """Unfreeze the state after a :class:`NonFiniteGradientError` (to continue training).
+        """Unfreeze the state after a :class:`~accumcore.NonFiniteGradientError`.
 
-        The window accumulated before the bad micro-batch is kept (it holds valid gradients; no
-        accumulated gradient is dropped silently): training continues it. Call
-        ``apply_window`` (``flush_window()`` / ``trainer.flush()``) first to apply it now, or
-        :meth:`drop_window` to discard it (counted in ``samples_dropped``).
+        The window accumulated before the bad micro-batch is kept (valid gradients; nothing is
+        dropped silently): training continues it. ``flush()`` applies it now,
+        :meth:`drop_window` discards it (counted in ``samples_dropped``).
 
         Returns:
             Whether the state was frozen (and a log line said what was kept).
         """
         self._check_built()
         with tf.init_scope():
-            step = max(int(p.numpy()) for p in self._replicas.parts(self.nonfinite_micro_step))
-        if step < 0:
-            return False
-        pending = self.pending_micro_batches()
-        with tf.init_scope():
+            pending = self.pending_micro_batches()
             samples = int(self.window_samples.numpy())  # under a strategy: the replicas' sum
-        logger.warning(
-            "accumcore: cleared the non-finite gradient stop (micro-step %d); the window "
-            "before it (%d micro-batches, %d samples) is kept and continues with the next "
-            "micro-batches. Call flush_window() / trainer.flush() before training to apply it "
-            "now, or state.drop_window() to discard it.", step, pending, samples,
-        )
-        for variable in (self.nonfinite_micro_step, self.nonfinite_window_position,
-                         self.nonfinite_variable):
-            variable.assign(-1)
-        self.nonfinite_unused.assign(0)
-        return True
+        return self.guard.clear(pending, samples)
 
     def get_config(self) -> dict:
         return {"accum_steps": self.accum_steps, "nonfinite": self.nonfinite}

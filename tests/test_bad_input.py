@@ -343,7 +343,7 @@ def test_changing_accum_steps_with_a_pending_window(xy):
     model.fit(x[:8], y[:8], batch_size=4, verbose=0, epochs=1)  # 2 of 3: flushed at epoch end
     model.set_accumulation(end_of_epoch="carry")
     model.fit(x[:8], y[:8], batch_size=4, verbose=0, epochs=1)  # 2 of 3: carried
-    with pytest.raises(ValueError, match=r"partial window is pending.*flush_window\(\)"):
+    with pytest.raises(ValueError, match=r"partial window is pending.*flush\(\)"):
         model.set_accumulation(accum_steps=2)
 
 

@@ -15,7 +15,7 @@ from helpers import LOSS, REL_TOL, small_mlp
 import accumcore as ac
 from accumcore import loss_scaling
 from accumcore.lab.experiments import get_weights, relative_error
-from accumcore.state import NONFINITE, NonFinitePolicy
+from accumcore.nonfinite import NONFINITE, NonFinitePolicy
 
 LIBRARY = sorted((Path(__file__).resolve().parents[1] / "accumcore").glob("*.py"))
 

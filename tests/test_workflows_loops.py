@@ -107,10 +107,10 @@ def test_pending_window_and_changed_trainable_set_raise_naming_flush(data):
     model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
     _freeze_first(model, False)
     model.compile(_adam(), LOSS)
-    with pytest.raises(ValueError, match=r"flush_window\(\)"):
+    with pytest.raises(ValueError, match=r"flush\(\)"):
         model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
     assert int(model.accumulation.micro_step.numpy()) == 2  # nothing was lost
-    assert model.flush_window()  # applied to the two variables it was accumulated for
+    assert model.flush()  # applied to the two variables it was accumulated for
     model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
     assert len(model.accumulation.accumulators) == 4
 

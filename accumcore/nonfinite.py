@@ -1,0 +1,191 @@
+"""The non-finite guard: what a micro-batch with NaN or Inf in its gradient does to the window.
+
+A :class:`NonFinitePolicy` says what happens (skip the micro-batch, skip its window, or freeze
+the state and raise from Python); its skip decision is injected, as optax's
+``MultiSteps(should_skip_update_fn=...)``. A :class:`NonFiniteGuard` holds the state a freeze
+needs (where it froze, the first offending variable, how many micro-batches it refused since),
+writes it in the one rarely taken branch of a micro-step, and turns it into a
+:class:`~accumcore.NonFiniteGradientError` or clears it, from Python.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from accumcore.config import NONFINITE_POLICIES, check_choice
+from accumcore.errors import NonFiniteGradientError
+
+logger = logging.getLogger("accumcore")
+
+
+def finite(tensor) -> tf.Tensor:
+    """bool scalar: every element of one (dense or IndexedSlices) tensor is finite."""
+    values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
+    return tf.reduce_all(tf.math.is_finite(values))
+
+
+def all_finite(tensors: Sequence) -> tf.Tensor:
+    """bool scalar: every element of every (dense or IndexedSlices) tensor is finite."""
+    flags = [finite(t) for t in tensors if t is not None]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
+    """The default ``should_skip``: bool scalar, any NaN or Inf in ``grads`` or ``weight``."""
+    return tf.logical_not(all_finite([*grads, weight]))
+
+
+@dataclass(frozen=True)
+class NonFinitePolicy:
+    """What a bad micro-batch does to the window.
+
+    Attributes:
+        name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
+        freeze: on a flagged micro-batch, keep the state as it was before it and let
+            :meth:`AccumulationState.raise_if_nonfinite` raise from Python; otherwise skip the
+            micro-batch (its samples counted in ``samples_dropped``).
+        skip_window: a skipped micro-batch also discards its whole window when it closes.
+        should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
+            its summed loss) and weight; by default :func:`has_nonfinite`.
+    """
+
+    name: str
+    freeze: bool = False
+    skip_window: bool = False
+    should_skip: Callable[[Sequence, tf.Tensor], tf.Tensor] = has_nonfinite
+
+
+#: The public ``nonfinite=`` names and the policies they stand for.
+NONFINITE = {
+    "raise": NonFinitePolicy("raise", freeze=True),
+    "skip_micro_batch": NonFinitePolicy("skip_micro_batch"),
+    "skip_window": NonFinitePolicy("skip_window", skip_window=True),
+}
+
+#: Under a LossScaleOptimizer overflow is expected: no micro-batch is checked, the window is
+#: checked once when it closes and skipped whole (the loss scale is lowered).
+LOSS_SCALED = NonFinitePolicy("loss_scaling", should_skip=lambda grads, weight: tf.constant(False))
+
+
+def nonfinite_policy(nonfinite: str | NonFinitePolicy) -> NonFinitePolicy:
+    """The policy for a ``nonfinite=`` argument: one of ``NONFINITE``'s names or a policy."""
+    if isinstance(nonfinite, NonFinitePolicy):
+        return nonfinite
+    return NONFINITE[check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)]
+
+
+class NonFiniteGuard:
+    """Freeze, diagnosis and clear for ``nonfinite="raise"``.
+
+    Args:
+        micro_step: int64 variable, the run's micro-batch index where the state froze (-1: not
+            frozen).
+        window_position: int64 variable, that micro-batch's position in its window.
+        variable: int64 variable, the index of the first offending trainable variable (-1:
+            only the micro-batch weight was not finite).
+        unused: int64 variable, micro-batches refused since the freeze (seen, not used).
+        parts: ``variable -> tuple`` of the copies a write here must reach (one, or every
+            local replica's: :meth:`accumcore.distribute.Replicas.parts`).
+    """
+
+    def __init__(self, micro_step, window_position, variable, unused,
+                 parts: Callable[[tf.Variable], tuple]) -> None:
+        self.micro_step = micro_step
+        self.window_position = window_position
+        self.variable = variable
+        self.unused = unused
+        self._parts = parts
+
+    @property
+    def frozen(self) -> tf.Tensor:
+        """bool scalar: a non-finite gradient froze the state."""
+        return self.micro_step >= 0
+
+    def refuse(self, flags: Sequence[tf.Tensor], indices: Sequence[int],
+               window_position: tf.Tensor, micro_step: tf.Tensor) -> tf.Tensor:
+        """The rare branch of a micro-step: a bad micro-batch freezes the state (recording
+        where, and its first non-finite gradient), a frozen state counts what it refuses.
+
+        Args:
+            flags: per-gradient finiteness (bool scalars), for the gradients present.
+            indices: the trainable-variable index of each of those gradients.
+            window_position, micro_step: where this micro-batch is (int64 scalars).
+
+        Returns:
+            ``False`` (bool scalar): the micro-batch was not added.
+        """
+        frozen = self.frozen
+        fresh = tf.logical_not(frozen)
+        self.unused.assign_add(tf.cast(frozen, tf.int64))
+        index_map = tf.constant([*indices, -1], tf.int64)
+        # The first offending variable (-1, the last entry: only the weight was non-finite).
+        first = tf.argmin(tf.cast(tf.stack([*flags, tf.constant(False)]), tf.int32))
+        for variable, value in ((self.variable, tf.gather(index_map, first)),
+                                (self.window_position, window_position),
+                                (self.micro_step, micro_step)):
+            variable.assign(tf.where(fresh, value, variable.read_value()))
+        return tf.constant(False)
+
+    def _local(self, variable: tf.Variable) -> list[int]:
+        return [int(part.numpy()) for part in self._parts(variable)]
+
+    def error(self, names: Sequence[str], accum_steps: int,
+              epoch: int | None = None) -> NonFiniteGradientError | None:
+        """The error for a frozen state (``None`` if not frozen); read from Python.
+
+        Under a strategy: the first local replica that froze (each checks its own shard).
+        """
+        steps = self._local(self.micro_step)
+        replica = max(range(len(steps)), key=steps.__getitem__)
+        step = steps[replica]
+        if step < 0:
+            return None
+        position = self._local(self.window_position)[replica]
+        unused = self._local(self.unused)[replica]
+        index = self._local(self.variable)[replica]
+        variable = names[index] if index >= 0 else "<micro-batch weight>"
+        where = f"epoch {epoch}, " if epoch is not None else ""
+        return NonFiniteGradientError(
+            f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "
+            f"in its window of {accum_steps}); first offending variable: {variable}. "
+            "That micro-batch was not accumulated; the window before it is intact and kept. "
+            f"{unused} later micro-batch(es) were seen while the state was frozen and not "
+            f"used{' (the rest of that epoch)' if epoch is not None else ''}. "
+            "Training is stopped until this is cleared: the next `fit` (AccumModel.fit or "
+            "AccumTrainer.fit) clears it and continues that window with its data; in your "
+            "own loop call `state.clear_nonfinite()` (`model.accumulation` / "
+            "`trainer.state`) to continue, then `model.flush()` / `trainer.flush()` to apply "
+            "the kept window now or `state.drop_window()` to discard it. "
+            "Fix the data or the learning rate, or pass nonfinite='skip_micro_batch' or "
+            "'skip_window' to skip such micro-batches.",
+            micro_step=step,
+            window_position=position,
+            variable=variable,
+            epoch=epoch,
+            unused_micro_batches=unused,
+        )
+
+    def clear(self, pending: int, samples: int) -> bool:
+        """Unfreeze (from Python); ``pending`` / ``samples``: the kept window, for the log.
+
+        Returns:
+            Whether the state was frozen.
+        """
+        with tf.init_scope():
+            step = max(self._local(self.micro_step))
+        if step < 0:
+            return False
+        logger.warning(
+            "accumcore: cleared the non-finite gradient stop (micro-step %d); the window "
+            "before it (%d micro-batches, %d samples) is kept and continues with the next "
+            "micro-batches. Call model.flush() / trainer.flush() before training to apply it "
+            "now, or state.drop_window() to discard it.", step, pending, samples,
+        )
+        for variable in (self.micro_step, self.window_position, self.variable):
+            variable.assign(-1)
+        self.unused.assign(0)
+        return True
