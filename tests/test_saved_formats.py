@@ -13,9 +13,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from saved_fixtures import data, model
 
 import accumcore
-from saved_fixtures import data, model
 
 DATA = Path(__file__).parent / "data"
 # float32 round-off of two SGD steps on a 4 x 3 layer: the same arithmetic, so 1e-6 is loose.
