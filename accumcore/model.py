@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from accumcore import compat, entry
@@ -161,7 +162,8 @@ class _AccumulationStore(keras.layers.Layer):
     def load_own_variables(self, store) -> None:
         keys = list(store.keys()) if store is not None else []
         if keys:
-            self._restore()([store[str(i)] for i in range(len(keys))])
+            # numpy arrays: Keras 3.10 hands over h5py datasets, 3.15 arrays
+            self._restore()([np.asarray(store[str(i)]) for i in range(len(keys))])
 
 
 def _is_functional_call(args: tuple, kwargs: dict) -> bool:
