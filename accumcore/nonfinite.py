@@ -105,6 +105,38 @@ class NonFiniteGuard:
         """bool scalar: a non-finite gradient froze the state."""
         return self.micro_step >= 0
 
+    def admit(self, policy: NonFinitePolicy, grads: Sequence, weight: tf.Tensor,
+              add: Callable[[], tf.Tensor], skip: Callable[[], tf.Tensor],
+              where: Callable[[], tuple]) -> tf.Tensor:
+        """One micro-batch through the policy: ``add()`` unless it is flagged (or the state is
+        frozen, under a freezing policy), else ``skip()`` or :meth:`refuse`, in one ``cond``.
+
+        Args:
+            policy: the non-finite policy.
+            grads: the micro-batch's gradients (``None`` for variables without one).
+            weight: its weight ``c_i`` (float32 scalar).
+            add, skip: the window's two outcomes (bool scalar results).
+            where: ``() -> (window position, run micro-step)``, for a freeze's record.
+
+        Returns:
+            bool scalar: whether the micro-batch was added.
+        """
+        present = [(i, g) for i, g in enumerate(grads) if g is not None]
+        flags = None  # per-gradient finiteness, reused by the diagnosis
+        if policy.should_skip is has_nonfinite:
+            flags = [finite(g) for _, g in present]
+            bad = tf.logical_not(tf.reduce_all(tf.stack([*flags, finite(weight)])))
+        else:
+            bad = tf.convert_to_tensor(policy.should_skip(grads, weight))
+        if not policy.freeze:
+            return tf.cond(bad, skip, add)
+
+        def refuse() -> tf.Tensor:
+            checks = flags if flags is not None else [finite(g) for _, g in present]
+            return self.refuse(checks, [i for i, _ in present], *where())
+
+        return tf.cond(tf.logical_not(tf.logical_or(bad, self.frozen)), add, refuse)
+
     def refuse(self, flags: Sequence[tf.Tensor], indices: Sequence[int],
                window_position: tf.Tensor, micro_step: tf.Tensor) -> tf.Tensor:
         """The rare branch of a micro-step: a bad micro-batch freezes the state (recording

@@ -39,14 +39,7 @@ import tensorflow as tf
 
 from accumcore import distribute, loss_scaling
 from accumcore.config import check_accum_steps
-from accumcore.nonfinite import (
-    LOSS_SCALED,
-    NonFiniteGuard,
-    NonFinitePolicy,
-    finite,
-    has_nonfinite,
-    nonfinite_policy,
-)
+from accumcore.nonfinite import LOSS_SCALED, NonFiniteGuard, NonFinitePolicy, nonfinite_policy
 from accumcore.window import Counters, Window
 
 #: The error for a summed loss under a strategy (``accumcore.entry`` raises it too).
@@ -423,36 +416,17 @@ class AccumulationState(tf.Module):
         samples = tf.cast(samples, tf.int64)
         scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
         policy = LOSS_SCALED if scaled else self.nonfinite_policy
-        counted_inside = policy.freeze or scaled  # seen only if added (else: always)
+        # Counted as seen inside `add` when refused micro-batches are not seen (a freeze) or
+        # nothing is ever refused (loss scaling); else once, after the decision.
+        inside = policy.freeze or scaled
 
         def add() -> tf.Tensor:
             window.add(grads, weight, samples)
-            if counted_inside:
+            if inside:
                 counters.samples_seen.assign_add(samples)
-            if advance and policy.freeze:
-                self.advance()
+                if advance:
+                    self.advance()
             return tf.constant(True)
-
-        if scaled:
-            added = add()
-            if advance:
-                self.advance()
-            return added
-        present = [(i, g) for i, g in enumerate(grads) if g is not None]
-        flags = None  # per-gradient finiteness, reused by the freeze branch's diagnosis
-        if policy.should_skip is has_nonfinite:
-            flags = [finite(g) for _, g in present]
-            bad = tf.logical_not(tf.reduce_all(tf.stack([*flags, finite(weight)])))
-        else:
-            bad = tf.convert_to_tensor(policy.should_skip(grads, weight))
-        if policy.freeze:
-            def refuse() -> tf.Tensor:
-                checks = flags if flags is not None else [finite(g) for _, g in present]
-                return guard.refuse(checks, [i for i, _ in present],
-                                    self.micro_step.read_value(),
-                                    self.micro_batches_seen.read_value())
-
-            return tf.cond(tf.logical_not(tf.logical_or(bad, guard.frozen)), add, refuse)
 
         def skip() -> tf.Tensor:
             counters.skip(samples)
@@ -460,10 +434,14 @@ class AccumulationState(tf.Module):
                 self.window_poisoned.assign(1)
             return tf.constant(False)
 
-        added = tf.cond(bad, skip, add)
-        counters.samples_seen.assign_add(samples)  # added or skipped: seen either way
-        if advance:  # a skipped micro-batch still takes its place in the window
-            self.advance()
+        if scaled:  # no micro-batch is checked: the window is, when it closes
+            return add()
+        added = guard.admit(policy, grads, weight, add, skip, where=lambda: (
+            self.micro_step.read_value(), self.micro_batches_seen.read_value()))
+        if not inside:
+            counters.samples_seen.assign_add(samples)  # added or skipped: seen either way
+            if advance:  # a skipped micro-batch still takes its place in the window
+                self.advance()
         return added
 
     def advance(self) -> None:
