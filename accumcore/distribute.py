@@ -53,13 +53,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-# Names kept here: the book calls `accumcore.distribute.loss_scale`, model.py imports
-# `is_loss_scale_optimizer` from here.
-from accumcore.loss_scaling import (  # noqa: F401
-    inner_optimizer,
-    is_loss_scale_optimizer,
-    loss_scale,
-)
+from accumcore.loss_scaling import inner_optimizer
 
 _SUM = tf.distribute.ReduceOp.SUM
 _CLIP_ATTRIBUTES = ("clipnorm", "clipvalue", "global_clipnorm")

@@ -39,7 +39,7 @@ from accumcore.core import (
     summed_loss_gradients,
 )
 from accumcore.denominators import counted, uncounted
-from accumcore.distribute import is_loss_scale_optimizer
+from accumcore.loss_scaling import is_loss_scale_optimizer
 from accumcore.state import NONFINITE, AccumulationState, NonFinitePolicy, saved_micro_step
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
