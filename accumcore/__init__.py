@@ -86,15 +86,3 @@ __all__ = [
     "resolve_accum_steps",
 ]
 
-
-# The MNIST loader moved to the book's lab (accumcore.lab); these names keep working without the
-# library importing the lab up front.
-_MOVED_TO_LAB = {"MNIST": "accumcore.lab.data", "load_mnist": "accumcore.lab.data"}
-
-
-def __getattr__(name: str):
-    if name in _MOVED_TO_LAB:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED_TO_LAB[name]), name)
-    raise AttributeError(f"module 'accumcore' has no attribute {name!r}")

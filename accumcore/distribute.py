@@ -53,14 +53,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-# Names kept here: the book calls `accumcore.distribute.loss_scale`, model.py imports
-# `is_loss_scale_optimizer` from here.
-from accumcore.loss_scaling import (  # noqa: F401
-    inner_optimizer,
-    is_loss_scale_optimizer,
-    loss_scale,
-    update_scale,
-)
+from accumcore.loss_scaling import inner_optimizer, is_loss_scale_optimizer, update_scale
 from accumcore.nonfinite import all_finite
 
 _SUM = tf.distribute.ReduceOp.SUM

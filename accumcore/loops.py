@@ -649,8 +649,8 @@ class AccumTrainer:
             x: a ``tf.data.Dataset`` yielding ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
                 micro-batches (batch it with the micro-batch size b), or numpy arrays /
                 tensors (a list or dict for several inputs) with ``y`` and ``batch_size``.
-            y, sample_weight: arrays, only with array ``x``. (``fit(dataset, 3)`` still means
-                3 epochs, as in accumcore's earlier ``fit(dataset, epochs)``.)
+            y, sample_weight: arrays, only with array ``x``. As in ``model.fit``, the second
+                position is ``y``: ``fit(dataset, 3)`` raises; pass ``epochs=3``.
             batch_size: the micro-batch size b for arrays (default: the trainer's
                 ``micro_batch_size``, else 32 as in Keras). Not with a dataset.
             epochs: number of epochs.
@@ -674,9 +674,6 @@ class AccumTrainer:
             A :class:`LoopHistory`.
         """
         check_choice(mode, "mode", MODES)
-        if isinstance(x, tf.data.Dataset) and isinstance(y, int) and not isinstance(y, bool) and (
-                batch_size is None and epochs == 1):
-            y, epochs = None, y  # accumcore's earlier signature: fit(dataset, epochs)
         dataset = self._as_dataset(x, y, sample_weight, batch_size, shuffle)
         cardinality = int(dataset.cardinality())
         if cardinality == 0:

@@ -40,7 +40,7 @@ from accumcore.core import (
     summed_loss_gradients,
 )
 from accumcore.denominators import counted, uncounted
-from accumcore.distribute import is_loss_scale_optimizer
+from accumcore.loss_scaling import is_loss_scale_optimizer
 from accumcore.nonfinite import NONFINITE, NonFinitePolicy
 from accumcore.state import AccumulationState, saved_micro_step
 

@@ -91,8 +91,8 @@ class SuiteSettings:
         probe_start: first micro-batch probed (samples).
         probe_multiple_of: probe only multiples of this (samples).
         probe_cpu_limit_mb: on CPU, the BFC allocator limit that plays the device's memory.
-        data: ``"mnist"`` (``accumcore.load_mnist``) or ``"synthetic"`` (seeded uniform
-            noise of MNIST's shape: speed and memory do not depend on pixel values).
+        data: ``"mnist"`` (``accumcore.lab.data.load_mnist``) or ``"synthetic"`` (seeded
+            uniform noise of MNIST's shape: speed and memory do not depend on pixel values).
         device: ``"CPU:0"``, ``"GPU:0"``, or ``None`` to pick ``GPU:0`` when there is one.
     """
 

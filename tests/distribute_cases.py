@@ -220,7 +220,7 @@ def mixed_precision() -> dict:
         out[name] = {
             "rel": relative_error(get_weights(model), ref, initial),
             "counters": history.counters,
-            "scale": ac.distribute.loss_scale(trainer.optimizer),
+            "scale": ac.loss_scaling.loss_scale(trainer.optimizer),
         }
     return out
 

@@ -145,7 +145,7 @@ def scenario_loop_function_apply(tmp: Path) -> dict:
     x, y = _data()
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO)
     plain = _trainer()
-    plain.fit(ds, EPOCHS, mode="function", verbose=0)
+    plain.fit(ds, epochs=EPOCHS, mode="function", verbose=0)
 
     loop = ResumableLoop(_trainer(), tmp / "straight", save_every=2)
     straight = loop.fit(ds, EPOCHS, mode="function")
@@ -455,7 +455,7 @@ def train_entry_point(entry: str, seed: int, x, y, tmp: Path | None = None,
         loop = ResumableLoop(trainer, tmp, save_every=3)
         loop.fit(ds, DET_EPOCHS, mode="function")
     else:
-        trainer.fit(ds, DET_EPOCHS, mode=entry, verbose=0)
+        trainer.fit(ds, epochs=DET_EPOCHS, mode=entry, verbose=0)
     return _weights(model)
 
 

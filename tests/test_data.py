@@ -11,7 +11,7 @@ import pytest
 
 import accumcore as ac
 import accumcore.lab.data  # noqa: F401
-from accumcore.lab.data import MNIST_PATH_ENV
+from accumcore.lab.data import MNIST, MNIST_PATH_ENV, load_mnist
 
 SHARED_MNIST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist.npz")
 SHARED_SHA256 = "06af5dfe73b70e3bc1c36439982b18a8d76803db9b544f6fdf838a37fbb01b64"
@@ -29,7 +29,7 @@ def test_keras_download_is_tried_first(monkeypatch, tmp_path):
             (np.zeros((1, 28, 28), "uint8"), np.array([3], "uint8")))
     monkeypatch.setattr(keras.datasets.mnist, "load_data", lambda: tiny)
     monkeypatch.setenv(MNIST_PATH_ENV, str(tmp_path / "never-read.npz"))
-    data = ac.load_mnist(verbose=False)
+    data = load_mnist(verbose=False)
     assert data.source == "keras"
     assert data.y_train.tolist() == [1, 2]
 
@@ -38,7 +38,7 @@ def test_offline_without_a_file_names_both_options(monkeypatch):
     _offline(monkeypatch)
     monkeypatch.delenv(MNIST_PATH_ENV, raising=False)
     with pytest.raises(RuntimeError) as err:
-        ac.load_mnist(verbose=False)
+        load_mnist(verbose=False)
     message = str(err.value)
     assert "keras.datasets.mnist.load_data()" in message and MNIST_PATH_ENV in message
 
@@ -48,7 +48,7 @@ def test_offline_with_a_missing_file_says_which_file(monkeypatch, tmp_path):
     missing = tmp_path / "nope.npz"
     monkeypatch.setenv(MNIST_PATH_ENV, str(missing))
     with pytest.raises(RuntimeError, match="nope.npz"):
-        ac.load_mnist(verbose=False)
+        load_mnist(verbose=False)
 
 
 def test_a_file_in_the_wrong_layout_is_rejected(monkeypatch, tmp_path):
@@ -57,7 +57,7 @@ def test_a_file_in_the_wrong_layout_is_rejected(monkeypatch, tmp_path):
     np.savez(bad, x_train=np.zeros((10, 28, 28), "uint8"), y_train=np.zeros(10, "uint8"),
              x_test=np.zeros((10, 28, 28), "uint8"), y_test=np.zeros(10, "uint8"))
     with pytest.raises(ValueError, match="x_train"):
-        ac.load_mnist(path=str(bad), verbose=False)
+        load_mnist(path=str(bad), verbose=False)
 
 
 @pytest.mark.skipif(not os.path.isfile(SHARED_MNIST), reason="../shared/data/mnist.npz absent")
@@ -66,7 +66,7 @@ def test_offline_fallback_reads_the_real_mnist_and_reports_it(monkeypatch, capsy
         assert hashlib.sha256(f.read()).hexdigest() == SHARED_SHA256
     _offline(monkeypatch)
     monkeypatch.setenv(MNIST_PATH_ENV, SHARED_MNIST)
-    data = ac.load_mnist()
+    data = load_mnist()
     assert data.source.startswith("file:") and data.source.endswith("mnist.npz")
     assert "MNIST loaded from file:" in capsys.readouterr().out
     assert data.x_train.shape == (60000, 28, 28) and data.x_test.shape == (10000, 28, 28)
@@ -80,7 +80,7 @@ def test_preprocess_and_subset():
     assert ac.lab.data.preprocess(images).shape == (3, 784)
     assert ac.lab.data.preprocess(images, flatten=False).shape == (3, 28, 28, 1)
     assert float(ac.lab.data.preprocess(images).max()) == 1.0
-    data = ac.MNIST(images, np.arange(3), images, np.arange(3), source="keras")
+    data = MNIST(images, np.arange(3), images, np.arange(3), source="keras")
     assert len(ac.lab.data.subset(data, 2, 1).x_train) == 2
 
 
@@ -92,12 +92,12 @@ def test_quiet_hides_the_failed_download_and_the_directory(monkeypatch, capsys):
 
     monkeypatch.setattr(keras.datasets.mnist, "load_data", noisy_fail)
     monkeypatch.setenv(MNIST_PATH_ENV, SHARED_MNIST)
-    data = ac.load_mnist(quiet=True)
+    data = load_mnist(quiet=True)
     out = capsys.readouterr().out
     assert "Downloading" not in out and os.path.dirname(os.path.abspath(SHARED_MNIST)) not in out
     assert "local copy, mnist.npz" in out  # still says which source was used
     assert data.source == "file:" + os.path.abspath(SHARED_MNIST)  # the full path is kept
-    ac.load_mnist()  # without quiet: Keras's line and the full path are shown
+    load_mnist()  # without quiet: Keras's line and the full path are shown
     out = capsys.readouterr().out
     assert "Downloading" in out and os.path.abspath(SHARED_MNIST) in out
 
@@ -106,4 +106,4 @@ def test_quiet_still_raises_when_no_source_works(monkeypatch):
     _offline(monkeypatch)
     monkeypatch.delenv(MNIST_PATH_ENV, raising=False)
     with pytest.raises(RuntimeError, match=MNIST_PATH_ENV):
-        ac.load_mnist(quiet=True)
+        load_mnist(quiet=True)

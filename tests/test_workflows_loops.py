@@ -353,7 +353,9 @@ def test_fit_rejects_keras_arguments_that_do_not_apply(data):
         trainer.fit(_ds(x, y), batch_size=8, verbose=0)
     with pytest.raises(ValueError, match="did you mean `epochs=`"):
         trainer.fit(_ds(x, y), None, 2, verbose=0)  # Keras's positions: x, y, batch_size
-    assert trainer.fit(_ds(x, y), 2, verbose=0).updates == [2, 2]  # the earlier fit(ds, epochs)
+    with pytest.raises(ValueError, match=r"`y` must not be given with a dataset \(did you mean "
+                                         r"`epochs=`\?\)"):
+        trainer.fit(_ds(x, y), 2, verbose=0)  # 2 is `y`, as in model.fit (not epochs)
     with pytest.raises(TypeError, match=r"from_tensor_slices"):
         trainer.fit((b for b in [(x, y)]), verbose=0)
     with pytest.raises(ValueError, match="same number of samples"):

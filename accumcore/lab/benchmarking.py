@@ -71,8 +71,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-import accumcore
 from accumcore.lab import experiments
+from accumcore.lab.data import load_mnist
 from accumcore.loops import AccumTrainer
 from accumcore.model import AccumModel
 
@@ -160,7 +160,7 @@ def benchmark_data(kind: str, n: int, source: str = "mnist", seed: int = 0
     Args:
         kind: ``"mlp"`` (inputs ``(n, 784)``) or ``"conv"`` (``(n, 28, 28, 1)``).
         n: number of samples (at most 60 000 for MNIST).
-        source: ``"mnist"`` (the training set, via :func:`accumcore.load_mnist`) or
+        source: ``"mnist"`` (the training set, via :func:`accumcore.lab.data.load_mnist`) or
             ``"synthetic"`` (seeded uniform noise and random labels; the benchmarks' speed and
             memory do not depend on the values).
     """
@@ -168,7 +168,7 @@ def benchmark_data(kind: str, n: int, source: str = "mnist", seed: int = 0
     if source == "mnist":
         if n > 60_000:
             raise ValueError(f"`n`={n} exceeds MNIST's 60 000 training samples.")
-        data = accumcore.load_mnist(verbose=False)
+        data = load_mnist(verbose=False)
         x = (data.x_train[:n].astype("float32") / 255.0).reshape((n, *shape))
         y = data.y_train[:n].astype("int32")
         return x, y
