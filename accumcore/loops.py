@@ -675,6 +675,50 @@ class AccumTrainer:
         """
         check_choice(mode, "mode", MODES)
         dataset = self._as_dataset(x, y, sample_weight, batch_size, shuffle)
+        cardinality, steps_per_epoch = self._check_epochs(dataset, steps_per_epoch)
+        if self.state.built:
+            self.state.clear_nonfinite()  # logs what is kept, if a previous call raised
+        # Under a tf.distribute strategy each global micro-batch is split across the replicas.
+        strategy = distribute.model_strategy(self.model)
+        batches = dataset if strategy is None else distribute.distribute_dataset(strategy, dataset)
+        book = HistoryBook()
+        source = _EpochSource(batches, cardinality, steps_per_epoch)
+        for _ in range(epochs):
+            steps = steps_per_epoch if steps_per_epoch is not None else (
+                cardinality if cardinality > 0 else None)
+            bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
+            # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
+            ticked = mode != "graph" and verbose == 1
+            before = int(self.state.windows_applied.numpy()) if self.state.built else 0
+            if mode == "graph":
+                records = self._graph_epoch(dataset, source)
+            else:
+                records = self.run_micro_batches(
+                    source.epoch(), compiled=(mode == "function"), check_each=False,
+                    after=_tick(bar) if ticked else None)
+                self.state.raise_if_nonfinite(self.epoch)  # once per epoch, not per batch
+                records = [(float(loss), float(weight), bool(did))
+                           for loss, weight, did in records]
+            if not ticked:  # the epoch's mean micro-batch loss, once
+                bar.update(len(records), values=[("loss", float(np.mean(
+                    [r[0] for r in records])))] if records else None, finalize=False)
+            ran_out = source.count(len(records), self.epoch)
+            if not records and (steps_per_epoch is None or not self.state.built):
+                raise empty_epoch_error(self.epoch)
+            for record in records:  # book-keeping in Python, from the per-micro-batch records
+                book.micro_batch(*record)
+            close_epoch(self, book, before)
+            if verbose and (not ticked or steps is None or ran_out):
+                bar.update(bar.target or len(records), values=None, finalize=True)
+            book.history.counters = self.state.counters()
+            if on_epoch_end is not None:
+                on_epoch_end(self.epoch, book.history)
+            self.epoch += 1
+        return book.history
+
+    def _check_epochs(self, dataset: tf.data.Dataset,
+                      steps_per_epoch: int | None) -> tuple[int, int | None]:
+        """``(cardinality, steps_per_epoch)`` of a dataset ``fit`` can run epochs of."""
         cardinality = int(dataset.cardinality())
         if cardinality == 0:
             raise ValueError(
@@ -690,82 +734,66 @@ class AccumTrainer:
                 "`model.fit`."
             )
         self._check_batched(dataset)
-        if self.state.built:
-            self.state.clear_nonfinite()  # logs what is kept, if a previous call raised
-        # Under a tf.distribute strategy each global micro-batch is split across the replicas.
-        strategy = distribute.model_strategy(self.model)
-        batches = dataset if strategy is None else distribute.distribute_dataset(strategy, dataset)
-        book = HistoryBook()
-        history = book.history
-        iterator = None  # with steps_per_epoch: one iterator across epochs (as Keras)
-        seen = 0  # micro-batches drawn from `iterator`
-        for _ in range(epochs):
-            if steps_per_epoch is not None:
-                steps = steps_per_epoch
-            else:
-                steps = cardinality if cardinality > 0 else None
-            bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
-            # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
-            ticked = mode != "graph" and verbose == 1
-            before = int(self.state.windows_applied.numpy()) if self.state.built else 0
-            if steps_per_epoch is not None and iterator is None:
-                iterator, seen = iter(batches), 0
-            if mode == "graph":
-                for batch in dataset.take(1):  # build eagerly before tracing
-                    self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
-                if self._epoch_fn is None:
-                    self._epoch_fn = tf.function(self._epoch, jit_compile=False)
-                if steps_per_epoch is None:
-                    losses, weights, applied = self._epoch_fn(batches)
-                else:
-                    losses, weights, applied = self._epoch_fn(
-                        iterator, tf.constant(steps_per_epoch, tf.int64)
-                    )
-                self.state.raise_if_nonfinite(self.epoch)
-                records = list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
-                                   applied.numpy().tolist()))
-            else:
-                source = batches if steps_per_epoch is None else _take(iterator, steps_per_epoch)
-                records = self.run_micro_batches(
-                    source, compiled=(mode == "function"), check_each=False,
-                    after=_tick(bar) if ticked else None,
-                )
-                # Read on the host once per epoch, not per micro-batch.
-                self.state.raise_if_nonfinite(self.epoch)
-                records = [(float(loss), float(weight), bool(did))
-                           for loss, weight, did in records]
-            if not ticked:  # the epoch's mean micro-batch loss, once
-                bar.update(len(records), values=[("loss", float(np.mean(
-                    [r[0] for r in records])))] if records else None, finalize=False)
-            ran_out = steps_per_epoch is not None and len(records) < steps_per_epoch
-            if steps_per_epoch is not None:
-                seen += len(records)
-                if ran_out or (cardinality > 0 and seen >= cardinality):
-                    if ran_out:
-                        warnings.warn(
-                            f"Your input ran out of data after {len(records)} of "
-                            f"steps_per_epoch={steps_per_epoch} micro-batches in epoch "
-                            f"{self.epoch}: this epoch ends early and the next starts a new "
-                            "pass over the data (as `model.fit`). Make sure the dataset can "
-                            "give `steps_per_epoch * epochs` micro-batches, e.g. with "
-                            "`.repeat()`.",
-                            UserWarning,
-                            stacklevel=2,
-                        )
-                    iterator = None  # the next epoch starts a new pass (as Keras)
-            if not records and (steps_per_epoch is None or not self.state.built):
-                raise empty_epoch_error(self.epoch)
-            # Book-keeping in Python: window losses from the per-micro-batch records.
-            for record in records:
-                book.micro_batch(*record)
-            close_epoch(self, book, before)
-            if verbose and (not ticked or steps is None or ran_out):
-                bar.update(bar.target or len(records), values=None, finalize=True)
-            history.counters = self.state.counters()
-            if on_epoch_end is not None:
-                on_epoch_end(self.epoch, history)
-            self.epoch += 1
-        return history
+        return cardinality, steps_per_epoch
+
+    def _graph_epoch(self, dataset: tf.data.Dataset, source: _EpochSource) -> list[tuple]:
+        """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
+        for batch in dataset.take(1):  # build eagerly before tracing
+            self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
+        if self._epoch_fn is None:
+            self._epoch_fn = tf.function(self._epoch, jit_compile=False)
+        if source.steps_per_epoch is None:
+            losses, weights, applied = self._epoch_fn(source.batches)
+        else:
+            losses, weights, applied = self._epoch_fn(
+                source.iterator(), tf.constant(source.steps_per_epoch, tf.int64))
+        self.state.raise_if_nonfinite(self.epoch)
+        return list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
+                        applied.numpy().tolist()))
+
+
+class _EpochSource:
+    """Where ``AccumTrainer.fit``'s epochs draw micro-batches: the whole dataset each epoch,
+    or with ``steps_per_epoch`` that many from one iterator kept across epochs (as Keras)."""
+
+    def __init__(self, batches, cardinality: int, steps_per_epoch: int | None) -> None:
+        self.batches = batches
+        self.cardinality = cardinality
+        self.steps_per_epoch = steps_per_epoch
+        self._iterator: Iterator | None = None
+        self._seen = 0  # micro-batches drawn from the iterator
+
+    def iterator(self) -> Iterator:
+        if self._iterator is None:
+            self._iterator, self._seen = iter(self.batches), 0
+        return self._iterator
+
+    def epoch(self):
+        """The micro-batches of one epoch (eager and function modes)."""
+        if self.steps_per_epoch is None:
+            return self.batches
+        return _take(self.iterator(), self.steps_per_epoch)
+
+    def count(self, drawn: int, epoch: int) -> bool:
+        """Record an epoch of ``drawn`` micro-batches; returns whether the data ran out."""
+        if self.steps_per_epoch is None:
+            return False
+        ran_out = drawn < self.steps_per_epoch
+        self._seen += drawn
+        if ran_out:
+            warnings.warn(
+                f"Your input ran out of data after {drawn} of "
+                f"steps_per_epoch={self.steps_per_epoch} micro-batches in epoch "
+                f"{epoch}: this epoch ends early and the next starts a new "
+                "pass over the data (as `model.fit`). Make sure the dataset can "
+                "give `steps_per_epoch * epochs` micro-batches, e.g. with "
+                "`.repeat()`.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if ran_out or (self.cardinality > 0 and self._seen >= self.cardinality):
+            self._iterator = None  # the next epoch starts a new pass (as Keras)
+        return ran_out
 
 
 def close_epoch(trainer: AccumTrainer, book: HistoryBook, windows_before: int) -> None:
