@@ -58,13 +58,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
     ``AccumModel.fit`` adds it automatically, first in the list, so that a partial window is
     flushed *before* validation and before other callbacks (checkpoints) see the epoch's end.
-
-    Its per-batch hook only notes that the epoch had a batch (a flag, safe from any thread), so
-    it is ``async_safe``: with it, Keras still dispatches batch-end callbacks asynchronously
-    (the training loop does not wait for each step's logs), as in a plain ``fit``.
     """
-
-    async_safe = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -97,7 +91,6 @@ class WindowFlushCallback(keras.callbacks.Callback):
             self.model.flush()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        # Keras waits for the asynchronous batch-end calls before this one.
         if self._saw_batch is False:
             raise ValueError(
                 f"The training data (`x`) yielded no batches in epoch {epoch}: it is empty (or "
