@@ -114,10 +114,21 @@ def reference_weights(
     return initial, get_weights(model)
 
 
-def dataset(x, y, sw, micro: int) -> tf.data.Dataset:
+def dataset(x, y, sw=None, micro: int = 8) -> tf.data.Dataset:
     """(x, y[, sw]) in micro-batches of ``micro`` samples, in order."""
     parts = (x, y) if sw is None else (x, y, sw)
     return tf.data.Dataset.from_tensor_slices(parts).batch(micro)
+
+
+def built_state(k: int) -> tuple[keras.Model, ac.AccumulationState, keras.optimizers.Optimizer]:
+    """For unit tests of the state without a loop: ``small_mlp()``, an ``AccumulationState(k)``
+    built for its trainable variables and an ``SGD(0.1)`` built for them."""
+    model = small_mlp()
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    state = ac.AccumulationState(k)
+    state.build(model.trainable_variables)
+    return model, state, optimizer
 
 
 ENTRIES = ("eager", "function", "graph", "window_step", "fit")

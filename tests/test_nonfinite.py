@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, REL_TOL, small_mlp
+from helpers import LOSS, REL_TOL, built_state, small_mlp
 
 import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
@@ -187,20 +187,11 @@ def test_raise_keeps_the_pending_window_exactly(clean):
         np.testing.assert_allclose(acc.numpy(), MICRO * g.numpy(), rtol=1e-5, atol=1e-7)
 
 
-def _built_state(accum_steps: int):
-    """A small MLP's trainable variables, a built SGD(0.1) and a state built for them."""
-    variables = small_mlp().trainable_variables
-    opt = keras.optimizers.SGD(0.1)
-    opt.build(variables)
-    state = ac.AccumulationState(accum_steps)
-    state.build(variables)
-    return variables, opt, state
-
-
 def test_first_offending_variable_is_the_first_non_finite_one():
     """Unit test of the state: only the third of four gradients is Inf, then only the weight
     is NaN. Catches: always naming variable 0, or crashing when only the weight is bad."""
-    variables, opt, state = _built_state(2)
+    model, state, opt = built_state(2)
+    variables = model.trainable_variables
     grads = [tf.zeros_like(v) for v in variables]
     grads[2] = tf.fill(variables[2].shape, np.inf)
     state.step(grads, 4.0, 4, opt, variables)
@@ -245,7 +236,8 @@ def test_raise_is_checked_once_per_epoch_and_counts_the_unused_rest(entry, clean
 def test_frozen_state_refuses_later_micro_batches_exactly():
     """Unit test: after a bad micro-batch, clean ones are refused (window, counters and
     accumulators unchanged) and counted; ``clear_nonfinite`` resets the count."""
-    variables, opt, state = _built_state(3)
+    model, state, opt = built_state(3)
+    variables = model.trainable_variables
     ones = [tf.ones_like(v) for v in variables]
     state.step(ones, 2.0, 2, opt, variables)
     bad = list(ones)
