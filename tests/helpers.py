@@ -97,27 +97,45 @@ def windows_of(n: int, micro: int, k: int) -> list[slice]:
 
 
 def reference_weights(
-    make_opt: Callable, x, y, sw, micro: int, k: int, epochs: int = 1, loss=LOSS,
-    make_model: Callable[[], keras.Model] = small_mlp,
+    make_opt: Callable, x, y, sw, micro: int | None = None, k: int | None = None,
+    epochs: int = 1, loss=LOSS, make_model: Callable[[], keras.Model] = small_mlp,
+    windows: Sequence | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Independent large-batch reference: plain ``train_on_batch`` on each window's samples, on
-    one device (no strategy scope). Returns (initial weights, final weights)."""
+    one device (no strategy scope). The windows are ``windows_of(len(x), micro, k)``, ``epochs``
+    times over, or ``windows`` instead: the samples of each update in order (index arrays or
+    slices), for tests that write the windows out themselves (a policy's, a skipped
+    micro-batch's). Returns (initial weights, final weights)."""
+    if windows is None:
+        windows = [s for _ in range(epochs) for s in windows_of(len(x), micro, k)]
+    elif micro is not None or k is not None or epochs != 1:
+        raise TypeError("reference_weights: pass `micro`, `k` (and `epochs`) or `windows`")
     model = make_model()
     initial = get_weights(model)
     model.compile(make_opt(), loss)
-    for _ in range(epochs):
-        for s in windows_of(len(x), micro, k):
-            if sw is None:
-                model.train_on_batch(x[s], y[s])
-            else:
-                model.train_on_batch(x[s], y[s], sample_weight=sw[s])
+    for s in windows:
+        if sw is None:
+            model.train_on_batch(x[s], y[s])
+        else:
+            model.train_on_batch(x[s], y[s], sample_weight=sw[s])
     return initial, get_weights(model)
 
 
-def dataset(x, y, sw, micro: int) -> tf.data.Dataset:
+def dataset(x, y, sw=None, micro: int = 8) -> tf.data.Dataset:
     """(x, y[, sw]) in micro-batches of ``micro`` samples, in order."""
     parts = (x, y) if sw is None else (x, y, sw)
     return tf.data.Dataset.from_tensor_slices(parts).batch(micro)
+
+
+def built_state(k: int) -> tuple[keras.Model, ac.AccumulationState, keras.optimizers.Optimizer]:
+    """For unit tests of the state without a loop: ``small_mlp()``, an ``AccumulationState(k)``
+    built for its trainable variables and an ``SGD(0.1)`` built for them."""
+    model = small_mlp()
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(model.trainable_variables)
+    state = ac.AccumulationState(k)
+    state.build(model.trainable_variables)
+    return model, state, optimizer
 
 
 ENTRIES = ("eager", "function", "graph", "window_step", "fit")

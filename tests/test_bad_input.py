@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, small_mlp
+from helpers import LOSS, built_state, small_mlp
 
 import accumcore as ac
 from accumcore.checkpointing import ExactBackupAndRestore, ResumableLoop, SkipTrainedBatches
@@ -210,22 +210,15 @@ def test_model_not_a_keras_model():
 
 
 # ---------------------------------------------------------------------------- gradients
-def _built_state(k: int = 2):
-    model = small_mlp()
-    state = ac.AccumulationState(k)
-    state.build(model.trainable_variables)
-    return model, state
-
-
 def test_gradient_list_shorter_than_variables():
-    model, state = _built_state()
+    model, state, _ = built_state(2)
     grads = [tf.zeros_like(v) for v in model.trainable_variables][:-1]
     with pytest.raises(ValueError, match="Got 3 gradients for 4 accumulators: `grads` must"):
         state.accumulate(grads, 4.0, 4)
 
 
 def test_gradients_in_the_wrong_order():
-    model, state = _built_state()
+    model, state, _ = built_state(2)
     grads = [tf.zeros_like(v) for v in model.trainable_variables][::-1]
     with pytest.raises(ValueError, match="does not match accumulator.*`grads` must be in the "
                                          "order"):

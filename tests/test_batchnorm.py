@@ -70,6 +70,7 @@ def trainable(model: keras.Model) -> list[np.ndarray]:
     return [v.numpy() for v in model.trainable_weights]
 
 
+# Not helpers.reference_weights: the tests also need this model's moving statistics and outputs.
 def reference(x, y, micro: int, k: int, *, lr: float, depth: int = 1, epochs: int = 1):
     """Stock BN, one ``train_on_batch`` per window. Returns (model, initial stats, weights)."""
     model = bn_net(keras.layers.BatchNormalization, depth=depth)

@@ -19,10 +19,9 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from conftest import LOSS, REL_TOL, assert_matches_reference, small_mlp
+from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
 
 import accumcore as ac
-from accumcore.lab.experiments import get_weights
 
 N, MICRO, K, EPOCHS = 38, 4, 3, 2
 
@@ -58,15 +57,6 @@ def reference_windows(end_of_epoch: str) -> tuple[list[np.ndarray], int]:
     return windows, len(current)
 
 
-def reference(x, y, sw, windows) -> tuple[list, list]:
-    model = small_mlp()
-    initial = get_weights(model)
-    model.compile(make_opt(), LOSS)
-    for idx in windows:
-        model.train_on_batch(x[idx], y[idx], sample_weight=None if sw is None else sw[idx])
-    return initial, get_weights(model)
-
-
 def fit(x, y, sw, *, end_of_epoch="apply", steps_per_execution=1, jit_compile=False):
     model = small_mlp(model_cls=ac.AccumModel, accum_steps=K, end_of_epoch=end_of_epoch)
     model.compile(make_opt(), LOSS, steps_per_execution=steps_per_execution,
@@ -85,7 +75,7 @@ def test_steps_per_execution_is_exact(arrays, end_of_epoch, steps_per_execution)
     in a ragged execution, the end-of-epoch policy applied per execution."""
     x, y, _ = arrays
     windows, pending = reference_windows(end_of_epoch)
-    initial, ref = reference(x, y, None, windows)
+    initial, ref = reference_weights(make_opt, x, y, None, windows=windows)
     model, _ = fit(x, y, None, end_of_epoch=end_of_epoch,
                    steps_per_execution=steps_per_execution)
     assert_matches_reference(model, initial, ref)
@@ -101,9 +91,9 @@ def test_steps_per_execution_reference_can_fail(arrays):
     K = 3 reference by far more than REL_TOL, so the test above can fail."""
     x, y, _ = arrays
     windows, _ = reference_windows("apply")
-    initial, ref = reference(x, y, None, windows)
+    initial, ref = reference_weights(make_opt, x, y, None, windows=windows)
     wrong = [np.arange(s, min(s + 4 * MICRO, N)) for s in range(0, N, 4 * MICRO)] * EPOCHS
-    _, other = reference(x, y, None, wrong)
+    _, other = reference_weights(make_opt, x, y, None, windows=wrong)
     from accumcore.lab.experiments import relative_error
 
     assert relative_error(other, ref, initial) > 100 * REL_TOL
@@ -118,7 +108,7 @@ def test_jit_compile_is_exact_on_cpu(arrays, steps_per_execution, weighted):
     x, y, sw = arrays
     sw = sw if weighted else None
     windows, _ = reference_windows("apply")
-    initial, ref = reference(x, y, sw, windows)
+    initial, ref = reference_weights(make_opt, x, y, sw, windows=windows)
     model, _ = fit(x, y, sw, steps_per_execution=steps_per_execution, jit_compile=True)
     assert model.jit_compile, "Keras turned jit_compile off: the test would not test XLA"
     assert_matches_reference(model, initial, ref)
@@ -142,7 +132,7 @@ def test_nonfinite_raise_names_the_micro_step_under_execution_and_xla(
     err = info.value
     assert (err.epoch, err.micro_step, err.window_position) == (0, 5, 2)
     assert err.unused_micro_batches == 4
-    initial, ref = reference(x, y, None, [np.arange(0, 3 * MICRO)])
+    initial, ref = reference_weights(make_opt, x, y, None, windows=[np.arange(0, 3 * MICRO)])
     assert_matches_reference(model, initial, ref)
     assert model.accumulation.pending_micro_batches() == 2
 

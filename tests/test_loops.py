@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from helpers import LOSS, OPTIMIZERS, small_mlp
+from helpers import LOSS, OPTIMIZERS, dataset, small_mlp
 
 import accumcore as ac
-
-
-def _ds(x, y, micro):
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(micro)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function", "graph"])
@@ -23,7 +18,7 @@ def test_history_window_loss_is_the_large_batch_loss(mode, data):
     plain.compile(OPTIMIZERS["sgd"](), LOSS)
     expected = plain.evaluate(x, y, batch_size=40, verbose=0)
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=3)
-    history = trainer.fit(_ds(x, y, 16), epochs=2, mode=mode, verbose=0)
+    history = trainer.fit(dataset(x, y, micro=16), epochs=2, mode=mode, verbose=0)
     assert len(history.micro_losses) == 6 and history.micro_weights[:3] == [16.0, 16.0, 8.0]
     assert len(history.window_losses) == 2 and history.updates == [1, 1]
     assert history.window_losses[0] == pytest.approx(expected, rel=1e-5)
@@ -35,14 +30,15 @@ def test_history_window_loss_is_the_large_batch_loss(mode, data):
 def test_function_mode_does_not_retrace_for_the_ragged_last_micro_batch(data):
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["adam"](), LOSS, accum_steps=2)
-    trainer.fit(_ds(x, y, 16), epochs=3, mode="function", verbose=0)  # 16, 16, 8 per epoch
+    # 16, 16, 8 samples per epoch
+    trainer.fit(dataset(x, y, micro=16), epochs=3, mode="function", verbose=0)
     assert trainer._micro_fn.experimental_get_tracing_count() == 1
 
 
 def test_graph_mode_traces_the_epoch_once(data):
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["adam"](), LOSS, accum_steps=2)
-    trainer.fit(_ds(x, y, 16), epochs=3, mode="graph", verbose=0)
+    trainer.fit(dataset(x, y, micro=16), epochs=3, mode="graph", verbose=0)
     assert trainer._epoch_fn.experimental_get_tracing_count() == 1
 
 
@@ -68,7 +64,7 @@ def test_effective_batch_size_sets_k(data):
 def test_progress_bar_is_shown(data, capsys):
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=2)
-    trainer.fit(_ds(x, y, 16), epochs=1, mode="eager", verbose=1)
+    trainer.fit(dataset(x, y, micro=16), epochs=1, mode="eager", verbose=1)
     out = capsys.readouterr().out
     assert "3/3" in out and "loss" in out
 
@@ -92,7 +88,7 @@ def test_verbose_2_prints_each_epoch_once_with_its_mean_micro_batch_loss(mode, d
     # The one end-of-epoch bar update (every mode with verbose=2; graph also with verbose=1).
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=2)
-    history = trainer.fit(_ds(x, y, 16), epochs=2, mode=mode, verbose=2)
+    history = trainer.fit(dataset(x, y, micro=16), epochs=2, mode=mode, verbose=2)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines
     for epoch, line in enumerate(lines):
@@ -103,6 +99,6 @@ def test_verbose_2_prints_each_epoch_once_with_its_mean_micro_batch_loss(mode, d
 def test_graph_mode_progress_bar_shows_the_epoch_mean_loss(data, capsys):
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=2)
-    history = trainer.fit(_ds(x, y, 16), epochs=1, mode="graph", verbose=1)
+    history = trainer.fit(dataset(x, y, micro=16), epochs=1, mode="graph", verbose=1)
     out = capsys.readouterr().out
     assert "3/3" in out and f"loss: {np.mean(history.micro_losses):.4f}" in out

@@ -60,6 +60,7 @@ def mixed_optimizer(policy: str, initial_scale: float = 2.0**15):
     return inner
 
 
+# Not helpers.reference_weights: the tests also compare this optimizer's loss scale, iterations.
 def reference(policy: str, x, y, initial_scale: float = 2.0**15):
     model = build_mixed_model(policy)
     initial = get_weights(model)

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, OPTIMIZERS, REL_TOL, small_mlp
+from helpers import LOSS, OPTIMIZERS, REL_TOL, reference_weights, small_mlp
 
 import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
@@ -62,23 +62,14 @@ def test_partial_window_is_flushed_before_validation(data):
     assert history.history["val_loss"][0] == pytest.approx(final_val, rel=1e-6)
 
 
-def _reference_sequence(x, y, slices):
-    ref = small_mlp()
-    initial = get_weights(ref)
-    ref.compile(OPTIMIZERS["sgd"](), LOSS)
-    for s in slices:
-        ref.train_on_batch(x[s], y[s])
-    return initial, get_weights(ref)
-
-
 @pytest.mark.parametrize("entry", ["fit", "function"])
 def test_end_of_epoch_carry_spans_epochs(entry, data):
     # 40 samples, micro 16, K=2. Epoch 1 applies [0:32] and carries [32:40] (pending, not lost);
     # epoch 2 applies [32:40] + [0:16], then [16:32] + [32:40]: 3 updates over 80 samples.
     x, y = data
     x2, y2 = np.concatenate([x, x]), np.concatenate([y, y])
-    initial, reference = _reference_sequence(
-        x2, y2, [slice(0, 32), slice(32, 56), slice(56, 80)])
+    initial, reference = reference_weights(
+        OPTIMIZERS["sgd"], x2, y2, None, windows=[slice(0, 32), slice(32, 56), slice(56, 80)])
     if entry == "fit":
         model = _fit_model(k=2, end_of_epoch="carry")
         state, optimizer = model.accumulation, model.optimizer
@@ -106,7 +97,8 @@ def test_end_of_epoch_carry_spans_epochs(entry, data):
 @pytest.mark.parametrize("entry", ["fit", "eager"])
 def test_end_of_epoch_drop_discards_and_counts(entry, data):
     x, y = data
-    initial, reference = _reference_sequence(x, y, [slice(0, 32), slice(0, 32)])
+    initial, reference = reference_weights(OPTIMIZERS["sgd"], x, y, None,
+                                           windows=[slice(0, 32), slice(0, 32)])
     if entry == "fit":
         model = _fit_model(k=2, end_of_epoch="drop")
         model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)

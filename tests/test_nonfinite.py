@@ -12,7 +12,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, REL_TOL, small_mlp
+from helpers import LOSS, REL_TOL, built_state, reference_weights, small_mlp
 
 import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
@@ -40,16 +40,6 @@ def poisoned(x: np.ndarray, kind: str) -> np.ndarray:
     return x
 
 
-def reference(x, y, windows: list[np.ndarray]) -> tuple[list, list]:
-    """Independent reference: one plain ``train_on_batch`` per window, on the given samples."""
-    model = small_mlp()
-    initial = get_weights(model)
-    model.compile(make_opt(), LOSS)
-    for idx in windows:
-        model.train_on_batch(x[idx], y[idx])
-    return initial, get_weights(model)
-
-
 def train(entry: str, x, y, nonfinite: str, epochs: int = 1):
     """Train with one entry point; returns (model, state, optimizer, fit history or None)."""
     if entry == "fit":
@@ -74,7 +64,7 @@ def test_skip_micro_batch_removes_only_that_contribution_and_weight(entry, kind,
     window affected, counters not reported."""
     x, y = clean
     model, state, opt, history = train(entry, poisoned(x, kind), y, "skip_micro_batch")
-    initial, ref = reference(x, y, [WINDOW0_WITHOUT_BAD, WINDOW1])
+    initial, ref = reference_weights(make_opt, x, y, None, windows=[WINDOW0_WITHOUT_BAD, WINDOW1])
     rel = relative_error(get_weights(model), ref, initial)
     assert rel <= REL_TOL, f"rel error {rel:.3g} vs the reference without micro-batch {BAD}"
     c = state.counters()
@@ -95,7 +85,7 @@ def test_keeping_the_skipped_weight_would_fail_the_tolerance(clean):
     but keeps its weight in the divisor (x 8/12 on window 0) misses the reference by far more
     than REL_TOL."""
     x, y = clean
-    initial, ref = reference(x, y, [WINDOW0_WITHOUT_BAD, WINDOW1])
+    initial, ref = reference_weights(make_opt, x, y, None, windows=[WINDOW0_WITHOUT_BAD, WINDOW1])
     model = small_mlp()
     model.compile(make_opt(), LOSS)
     weights0 = np.ones(12, "float32")
@@ -114,7 +104,7 @@ def test_skip_window_discards_exactly_the_poisoned_window(entry, kind, clean):
     it (iterations, Adam's bias correction), the next window starting from stale sums."""
     x, y = clean
     model, state, opt, history = train(entry, poisoned(x, kind), y, "skip_window")
-    initial, ref = reference(x, y, [WINDOW1])
+    initial, ref = reference_weights(make_opt, x, y, None, windows=[WINDOW1])
     rel = relative_error(get_weights(model), ref, initial)
     assert rel <= REL_TOL, f"rel error {rel:.3g} vs the reference of window 1 alone"
     c = state.counters()
@@ -187,20 +177,11 @@ def test_raise_keeps_the_pending_window_exactly(clean):
         np.testing.assert_allclose(acc.numpy(), MICRO * g.numpy(), rtol=1e-5, atol=1e-7)
 
 
-def _built_state(accum_steps: int):
-    """A small MLP's trainable variables, a built SGD(0.1) and a state built for them."""
-    variables = small_mlp().trainable_variables
-    opt = keras.optimizers.SGD(0.1)
-    opt.build(variables)
-    state = ac.AccumulationState(accum_steps)
-    state.build(variables)
-    return variables, opt, state
-
-
 def test_first_offending_variable_is_the_first_non_finite_one():
     """Unit test of the state: only the third of four gradients is Inf, then only the weight
     is NaN. Catches: always naming variable 0, or crashing when only the weight is bad."""
-    variables, opt, state = _built_state(2)
+    model, state, opt = built_state(2)
+    variables = model.trainable_variables
     grads = [tf.zeros_like(v) for v in variables]
     grads[2] = tf.fill(variables[2].shape, np.inf)
     state.step(grads, 4.0, 4, opt, variables)
@@ -245,7 +226,8 @@ def test_raise_is_checked_once_per_epoch_and_counts_the_unused_rest(entry, clean
 def test_frozen_state_refuses_later_micro_batches_exactly():
     """Unit test: after a bad micro-batch, clean ones are refused (window, counters and
     accumulators unchanged) and counted; ``clear_nonfinite`` resets the count."""
-    variables, opt, state = _built_state(3)
+    model, state, opt = built_state(3)
+    variables = model.trainable_variables
     ones = [tf.ones_like(v) for v in variables]
     state.step(ones, 2.0, 2, opt, variables)
     bad = list(ones)
@@ -277,7 +259,7 @@ def test_window_of_only_skipped_micro_batches_is_skipped_not_applied(entry, clea
     bad = x.copy()
     bad[WINDOW0, 0] = np.nan
     model, state, opt, history = train(entry, bad, y, "skip_micro_batch")
-    initial, ref = reference(x, y, [WINDOW1])
+    initial, ref = reference_weights(make_opt, x, y, None, windows=[WINDOW1])
     rel = relative_error(get_weights(model), ref, initial)
     assert rel <= REL_TOL, f"rel error {rel:.3g} vs the reference of window 1 alone"
     c = state.counters()

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, REL_TOL, small_mlp
+from helpers import LOSS, REL_TOL, built_state, small_mlp
 
 import accumcore as ac
 from accumcore import loss_scaling
@@ -54,16 +54,9 @@ def test_no_module_touches_another_objects_private_members() -> None:
 
 
 # ---------------------------------------------------------------------------- variables
-def _built_state(k: int = 3) -> tuple[ac.AccumulationState, keras.Model]:
-    model = small_mlp()
-    state = ac.AccumulationState(k)
-    state.build(model.trainable_variables)
-    return state, model
-
-
 def test_variables_for_saving_keep_the_order_of_saved_files() -> None:
     """The ``.keras`` entries ``accumcore_<i>`` follow this order: it must never change."""
-    state, model = _built_state()
+    model, state, _ = built_state(3)
     expected = [*state.accumulators, state.window_weight, state.micro_step, state.window_samples,
                 state.windows_applied, state.windows_skipped, state.micro_batches_seen,
                 state.micro_batches_skipped, state.samples_seen, state.samples_dropped,
@@ -73,7 +66,7 @@ def test_variables_for_saving_keep_the_order_of_saved_files() -> None:
 
 
 def test_reset_empties_exactly_the_window_variables() -> None:
-    state, model = _built_state()
+    model, state, _ = built_state(3)
     x = np.random.default_rng(0).normal(size=(5, 8)).astype("float32")
     y = np.array([0, 1, 2, 0, 1])
     with tf.GradientTape() as tape:

@@ -15,7 +15,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
+from helpers import (
+    LOSS,
+    REL_TOL,
+    assert_matches_reference,
+    dataset,
+    reference_weights,
+    small_mlp,
+)
 
 import accumcore as ac
 from accumcore.checkpointing import ResumableLoop
@@ -28,11 +35,6 @@ MODES = ("eager", "function", "graph")
 
 def _adam() -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(0.01)
-
-
-def _ds(x, y, micro: int = MICRO, sw=None) -> tf.data.Dataset:
-    parts = (x, y) if sw is None else (x, y, sw)
-    return tf.data.Dataset.from_tensor_slices(parts).batch(micro)
 
 
 def _freeze_first(model: keras.Model, frozen: bool = True) -> None:
@@ -87,13 +89,13 @@ def test_fine_tuning_with_accum_trainer_matches_plain_keras(mode, data):
     model = small_mlp()
     trainer = ac.AccumTrainer(model, _adam(), LOSS, accum_steps=K)
     _freeze_first(model)
-    trainer.fit(_ds(x, y), mode=mode, verbose=0)
+    trainer.fit(dataset(x, y, micro=MICRO), mode=mode, verbose=0)
     _freeze_first(model, False)
     # A built Keras optimizer cannot take new variables: a clear error says what to do.
     with pytest.raises(ValueError, match=r"trainer\.optimizer = "):
-        trainer.fit(_ds(x, y), mode=mode, verbose=0)
+        trainer.fit(dataset(x, y, micro=MICRO), mode=mode, verbose=0)
     trainer.optimizer = _adam()  # what `compile` does in the plain workflow
-    trainer.fit(_ds(x, y), mode=mode, verbose=0)
+    trainer.fit(dataset(x, y, micro=MICRO), mode=mode, verbose=0)
     assert len(trainer.state.accumulators) == 4
     assert trainer.state.counters()["windows_applied"] == 4
     assert_matches_reference(model, initial, reference)
@@ -117,11 +119,11 @@ def test_pending_window_and_changed_trainable_set_raise_naming_flush(data):
     plain = small_mlp()
     trainer = ac.AccumTrainer(plain, _adam(), LOSS, accum_steps=K, end_of_epoch="carry")
     _freeze_first(plain)
-    trainer.fit(_ds(x, y), verbose=0)
+    trainer.fit(dataset(x, y, micro=MICRO), verbose=0)
     _freeze_first(plain, False)
     trainer.optimizer = _adam()
     with pytest.raises(ValueError, match=r"trainer\.flush\(\)"):
-        trainer.fit(_ds(x, y), verbose=0)
+        trainer.fit(dataset(x, y, micro=MICRO), verbose=0)
     assert int(trainer.state.micro_step.numpy()) == 2
 
 
@@ -191,9 +193,9 @@ def test_trainer_fit_after_nonfinite_error_starts_clean(mode, caplog):
     model = small_mlp()
     trainer = ac.AccumTrainer(model, _adam(), LOSS, accum_steps=4)
     with pytest.raises(ac.NonFiniteGradientError, match="clear_nonfinite"):
-        trainer.fit(_ds(xa, ya, 4), mode=mode, verbose=0)
+        trainer.fit(dataset(xa, ya, micro=4), mode=mode, verbose=0)
     with caplog.at_level(logging.WARNING, logger="accumcore"):
-        trainer.fit(_ds(xb, yb, 4), mode=mode, verbose=0)
+        trainer.fit(dataset(xb, yb, micro=4), mode=mode, verbose=0)
     assert "is kept" in caplog.text
     assert_matches_reference(model, initial, reference)
 
@@ -207,7 +209,7 @@ def test_resumable_loop_raises_at_a_nonfinite_micro_batch_before_saving_it(mode,
     loop = ResumableLoop(trainer, tmp_path, save_every=1)
     reported: list[tuple[int, int]] = []
     with pytest.raises(ac.NonFiniteGradientError) as err:
-        loop.fit(_ds(xa, ya, 4), 1, mode=mode,
+        loop.fit(dataset(xa, ya, micro=4), 1, mode=mode,
                  on_micro_batch_end=lambda epoch, step: reported.append((epoch, step)))
     assert err.value.window_position == BAD_MB
     assert reported == [(0, step) for step in range(BAD_MB)]
@@ -219,7 +221,7 @@ def test_infinite_dataset_without_steps_per_epoch_raises_at_once(data):
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
     with pytest.raises(ValueError, match="steps_per_epoch"):
-        trainer.fit(_ds(x, y).repeat(), epochs=1, verbose=0)
+        trainer.fit(dataset(x, y, micro=MICRO).repeat(), epochs=1, verbose=0)
     assert not trainer.state.built  # nothing ran
 
 
@@ -229,7 +231,8 @@ def test_steps_per_epoch_continues_the_iterator_across_epochs(mode, data):
     # (the iterator goes on across epochs, as in Keras; each epoch's partial window is applied).
     x, y = data
     model = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
-    history = model.fit(_ds(x, y).repeat(), epochs=2, steps_per_epoch=4, mode=mode, verbose=0)
+    history = model.fit(dataset(x, y, micro=MICRO).repeat(), epochs=2, steps_per_epoch=4,
+                        mode=mode, verbose=0)
     assert history.updates == [2, 2]
     assert len(history.micro_losses) == 8
 
@@ -258,12 +261,14 @@ def test_steps_per_epoch_running_out_of_data_behaves_as_keras(mode, data):
     plain = small_mlp()
     plain.compile(_adam(), LOSS)
     with pytest.warns(UserWarning, match="ran out of data"):
-        plain.fit(_ds(x, y), epochs=3, steps_per_epoch=3, verbose=0, callbacks=[Count()])
+        plain.fit(dataset(x, y, micro=MICRO), epochs=3, steps_per_epoch=3, verbose=0,
+                  callbacks=[Count()])
 
     trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
     seen: list[int] = []
     with pytest.warns(UserWarning, match="ran out of data"):
-        history = trainer.fit(_ds(x, y), epochs=3, steps_per_epoch=3, mode=mode, verbose=0,
+        history = trainer.fit(dataset(x, y, micro=MICRO), epochs=3, steps_per_epoch=3,
+                              mode=mode, verbose=0,
                               on_epoch_end=lambda e, h: seen.append(len(h.micro_losses)))
     per_epoch = np.diff([0, *seen]).tolist()
     assert per_epoch == counts == [3, 2, 3]
@@ -273,7 +278,7 @@ def test_steps_per_epoch_running_out_of_data_behaves_as_keras(mode, data):
 # ---------------------------------------------------------------------------- ResumableLoop
 def test_resumable_loop_empty_epoch_raises_naming_the_epoch(tmp_path, data):
     x, y = data
-    ds = _ds(x, y)
+    ds = dataset(x, y, micro=MICRO)
     loop = ResumableLoop(ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K), tmp_path,
                          save_every=2)
     with pytest.raises(ValueError, match="yielded no micro-batches in epoch 1"):
@@ -287,7 +292,7 @@ def test_resumable_loop_resumed_at_the_end_of_an_epoch_finishes_it_as_without_th
     # holds an exhausted iterator and a pending window of 2; the resumed epoch 0 runs no
     # micro-batch (not an empty dataset) and flushes that window, then epoch 1 runs.
     x, y = data
-    ds = _ds(x, y)
+    ds = dataset(x, y, micro=MICRO)
     reference = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
     straight = ResumableLoop(reference, tmp_path / "straight", save_every=5).fit(ds, 2)
 
@@ -350,12 +355,13 @@ def test_fit_rejects_keras_arguments_that_do_not_apply(data):
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=K)
     with pytest.raises(ValueError, match="`batch_size` must not be given with a dataset"):
-        trainer.fit(_ds(x, y), batch_size=8, verbose=0)
+        trainer.fit(dataset(x, y, micro=MICRO), batch_size=8, verbose=0)
     with pytest.raises(ValueError, match="did you mean `epochs=`"):
-        trainer.fit(_ds(x, y), None, 2, verbose=0)  # Keras's positions: x, y, batch_size
+        # Keras's positions: x, y, batch_size
+        trainer.fit(dataset(x, y, micro=MICRO), None, 2, verbose=0)
     with pytest.raises(ValueError, match=r"`y` must not be given with a dataset \(did you mean "
                                          r"`epochs=`\?\)"):
-        trainer.fit(_ds(x, y), 2, verbose=0)  # 2 is `y`, as in model.fit (not epochs)
+        trainer.fit(dataset(x, y, micro=MICRO), 2, verbose=0)  # 2 is `y`, as in model.fit
     with pytest.raises(TypeError, match=r"from_tensor_slices"):
         trainer.fit((b for b in [(x, y)]), verbose=0)
     with pytest.raises(ValueError, match="same number of samples"):
@@ -370,7 +376,7 @@ def test_optimizer_by_name_as_in_compile(data):
     model = small_mlp()
     trainer = ac.AccumTrainer(model, "adam", LOSS, accum_steps=K)  # was: TypeError
     assert isinstance(trainer.optimizer, keras.optimizers.Adam)
-    trainer.fit(_ds(x, y), verbose=0)
+    trainer.fit(dataset(x, y, micro=MICRO), verbose=0)
     assert_matches_reference(model, initial, reference)
     with pytest.raises(ValueError, match="Unknown `optimizer`='adamm'"):
         ac.AccumTrainer(small_mlp(), "adamm", LOSS, accum_steps=K)
@@ -419,7 +425,7 @@ def test_sum_reduction_with_regularisation_losses_raises(data):
     trainer = ac.AccumTrainer(keras.Model(inputs, outputs), _sgd_small(), SUM_LOSS,
                               accum_steps=K)
     with pytest.raises(ValueError, match="regularisation losses"):
-        trainer.fit(_ds(x, y), mode="eager", verbose=0)
+        trainer.fit(dataset(x, y, micro=MICRO), mode="eager", verbose=0)
     assert trainer.state.counters()["micro_batches_seen"] == 0
 
 
