@@ -72,7 +72,7 @@ def test_frozen_model_fit_warns_and_trains_nothing_as_keras_does(data):
     assert int(model.optimizer.iterations.numpy()) == 1
 
 
-def test_freezing_with_a_pending_window_names_flush_window(data):
+def test_freezing_with_a_pending_window_names_flush(data):
     x, y = data
     model = _accum(k=3, end_of_epoch="carry")
     _fit(model, x[:16], y[:16])  # 2 of 3 micro-batches pending
