@@ -2,9 +2,9 @@
 window is reduced across replicas.
 
 The rule itself (accumulate, advance, close, drop, reset) is written once, in
-:class:`~accumcore.AccumulationState`; a state built under a strategy asks its
-:class:`StrategyReplicas` (:class:`Replicas` for one replica) where each step runs and how the
-window's status is reduced.
+:class:`~accumcore.AccumulationState` and its pieces; a state built under a strategy asks its
+:class:`StrategyReplicas` (:class:`Replicas` for one replica) where each step runs, and
+:meth:`StrategyReplicas.close` is its close as a whole.
 
 Under a strategy every micro-step runs in *replica context* (inside ``strategy.run``): each
 replica adds the gradient of its shard's summed loss ``c_i * L_i`` to its own accumulators
@@ -13,10 +13,11 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 *cross-replica context*, so no ``merge_call`` ever sits inside a replica-context ``cond``
 (TensorFlow refuses that: "merge_call called while defining a new graph").
 
-When the window is full (a ``tf.cond`` in cross-replica context), the state closes it:
+When the window is full (a ``tf.cond`` in cross-replica context), :meth:`StrategyReplicas.close`
+closes it:
 
 1. every replica reports its status ``[weight, frozen, poisoned, samples(, non-finite)]``,
-   stacked as one float32 vector (``StrategyReplicas.sum``);
+   stacked as one float32 vector (:meth:`StrategyReplicas.close`);
 2. **one** batched all-reduce (SUM) gives the global window weight ``W = sum_i c_i`` and flags
    (when the optimizer clips gradients, the window's gradient sums travel in the same batch);
 3. unless the window is skipped, the optimizer update runs once, back in replica context

@@ -178,7 +178,7 @@ class HistoryBook:
 
         Args:
             policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what :meth:`~accumcore.AccumulationState.end_epoch` did (``None``:
+            outcome: what :func:`accumcore.entry.end_epoch` did (``None``:
                 nothing pending).
             updates: optimizer updates applied in this epoch.
         """

@@ -1,7 +1,7 @@
 """The non-finite guard: what a micro-batch with NaN or Inf in its gradient does to the window.
 
-A :class:`NonFinitePolicy` says what happens (skip the micro-batch, skip its window, or freeze
-the state and raise from Python); its skip decision is injected, as optax's
+A :class:`~accumcore.NonFinitePolicy` says what happens (skip the micro-batch, skip its window,
+or freeze the state and raise from Python); its skip decision is injected, as optax's
 ``MultiSteps(should_skip_update_fn=...)``. A :class:`NonFiniteGuard` holds the state a freeze
 needs (where it froze, the first offending variable, how many micro-batches it refused since),
 writes it in the one rarely taken branch of a micro-step, and turns it into a
@@ -46,8 +46,8 @@ class NonFinitePolicy:
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
         freeze: on a flagged micro-batch, keep the state as it was before it and let
-            :meth:`AccumulationState.raise_if_nonfinite` raise from Python; otherwise skip the
-            micro-batch (its samples counted in ``samples_dropped``).
+            :meth:`~accumcore.AccumulationState.raise_if_nonfinite` raise from Python;
+            otherwise skip the micro-batch (its samples counted in ``samples_dropped``).
         skip_window: a skipped micro-batch also discards its whole window when it closes.
         should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
             its summed loss) and weight; by default :func:`has_nonfinite`.

@@ -18,10 +18,10 @@ Like optax's ``MultiSteps``, all mutable accumulation state lives in one object.
   mean, reset);
 * :class:`~accumcore.nonfinite.NonFiniteGuard` and the policy: what a bad micro-batch does;
 * :class:`~accumcore.window.Counters`: the run-long counts;
-* :class:`AccumulationState`: holds them (and their variables, under the names checkpoints
-  know), runs one micro-step (:meth:`~AccumulationState.step`) and closes a window in
-  :meth:`~AccumulationState._close`, whose :meth:`~AccumulationState.apply_update` is the library's
-  only ``optimizer.apply`` call.
+* :class:`~accumcore.AccumulationState`: holds them (and their variables, under the names
+  checkpoints know), runs one micro-step (:meth:`~accumcore.AccumulationState.step`) and
+  closes a window in ``AccumulationState._close``, whose
+  :meth:`~accumcore.AccumulationState.apply_update` is the library's only ``optimizer.apply``.
 
 Under a ``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies where each step runs
 and its own close (one status reduction per window); loss scaling is the
