@@ -50,7 +50,8 @@ class NonFinitePolicy:
             otherwise skip the micro-batch (its samples counted in ``samples_dropped``).
         skip_window: a skipped micro-batch also discards its whole window when it closes.
         should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
-            its summed loss) and weight; by default :func:`has_nonfinite`.
+            its summed loss) and weight; by default
+            :func:`~accumcore.nonfinite.has_nonfinite`.
     """
 
     name: str
@@ -102,7 +103,7 @@ class NonFiniteGuard:
 
     @property
     def frozen(self) -> tf.Tensor:
-        """bool scalar: a non-finite gradient froze the state."""
+        """Whether a non-finite gradient froze the state (a bool scalar tensor)."""
         return self.micro_step >= 0
 
     def admit(self, policy: NonFinitePolicy, grads: Sequence, weight: tf.Tensor,

@@ -362,8 +362,10 @@ class AccumulationState(tf.Module):
 
     @property
     def window_variables(self) -> list[tf.Variable]:
-        """The current window's variables (emptied whenever it ends): the accumulators,
-        ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
+        """The current window's variables (emptied whenever it ends).
+
+        The accumulators, ``window_weight``, ``micro_step``, ``window_samples`` and
+        ``window_poisoned``."""
         return self.window.variables
 
     def variables_for_saving(self) -> list[tf.Variable]:
