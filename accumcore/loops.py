@@ -40,7 +40,7 @@ from accumcore.core import (
 )
 from accumcore.denominators import CountedLoss
 from accumcore.nonfinite import NonFinitePolicy
-from accumcore.state import AccumulationState
+from accumcore.state import AccumulationState, variable_name
 
 MODES = ("eager", "function", "graph")
 
@@ -340,7 +340,7 @@ class AccumTrainer:
         known = self._optimizer_variables
         unknown = [v for v in variables if known is not None and id(v) not in known]
         if unknown and self.optimizer.built:
-            names = ", ".join(getattr(v, "path", None) or v.name for v in unknown[:4])
+            names = ", ".join(variable_name(v) for v in unknown[:4])
             raise ValueError(
                 f"The trainable variables changed: {len(unknown)} became trainable ({names}"
                 f"{', ...' if len(unknown) > 4 else ''}), but `optimizer` was built for the old "

@@ -87,7 +87,6 @@ class _Scalar(NamedTuple):
     name: str
     initial: int | float
     summed: bool  # under a strategy: SUM over the replicas (else the first replica's value)
-    window: bool  # part of the current window: emptied whenever the window ends
     reported: bool  # in counters()
     saved: bool  # in variables_for_saving()
 
@@ -95,25 +94,25 @@ class _Scalar(NamedTuple):
 #: Every scalar of the state, in the order of ``variables_for_saving`` (after the
 #: accumulators; the order of ``.keras`` files' ``accumcore_<i>`` entries: never reorder).
 _SCALARS = (
-    _Scalar("window_weight", 0.0, summed=True, window=True, reported=True, saved=True),
-    _Scalar("micro_step", 0, summed=False, window=True, reported=True, saved=True),
-    _Scalar("window_samples", 0, summed=True, window=True, reported=True, saved=True),
-    _Scalar("windows_applied", 0, summed=False, window=False, reported=True, saved=True),
-    _Scalar("windows_skipped", 0, summed=False, window=False, reported=True, saved=True),
-    _Scalar("micro_batches_seen", 0, summed=False, window=False, reported=True, saved=True),
+    _Scalar("window_weight", 0.0, summed=True, reported=True, saved=True),
+    _Scalar("micro_step", 0, summed=False, reported=True, saved=True),
+    _Scalar("window_samples", 0, summed=True, reported=True, saved=True),
+    _Scalar("windows_applied", 0, summed=False, reported=True, saved=True),
+    _Scalar("windows_skipped", 0, summed=False, reported=True, saved=True),
+    _Scalar("micro_batches_seen", 0, summed=False, reported=True, saved=True),
     # Summed: under a strategy each replica skips its own shard of a micro-batch.
-    _Scalar("micro_batches_skipped", 0, summed=True, window=False, reported=True, saved=True),
-    _Scalar("samples_seen", 0, summed=True, window=False, reported=True, saved=True),
-    _Scalar("samples_dropped", 0, summed=True, window=False, reported=True, saved=True),
-    _Scalar("window_poisoned", 0, summed=False, window=True, reported=False, saved=True),
+    _Scalar("micro_batches_skipped", 0, summed=True, reported=True, saved=True),
+    _Scalar("samples_seen", 0, summed=True, reported=True, saved=True),
+    _Scalar("samples_dropped", 0, summed=True, reported=True, saved=True),
+    _Scalar("window_poisoned", 0, summed=False, reported=False, saved=True),
     # Where a non-finite gradient froze the state (-1: not frozen).
-    _Scalar("nonfinite_micro_step", -1, summed=False, window=False, reported=False, saved=False),
+    _Scalar("nonfinite_micro_step", -1, summed=False, reported=False, saved=False),
     _Scalar(
-        "nonfinite_window_position", -1, summed=False, window=False, reported=False, saved=False
+        "nonfinite_window_position", -1, summed=False, reported=False, saved=False
     ),
-    _Scalar("nonfinite_variable", -1, summed=False, window=False, reported=False, saved=False),
+    _Scalar("nonfinite_variable", -1, summed=False, reported=False, saved=False),
     # Micro-batches refused while frozen (seen after the bad one, not used).
-    _Scalar("nonfinite_unused", 0, summed=False, window=False, reported=False, saved=False),
+    _Scalar("nonfinite_unused", 0, summed=False, reported=False, saved=False),
 )
 
 
