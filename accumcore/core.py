@@ -154,6 +154,12 @@ class MicroBatchResult(NamedTuple):
     y_pred: Any  # the model's outputs, for metrics
 
 
+def _constant_for_gradients(weight: tf.Tensor) -> tf.Tensor:
+    """``weight`` with its gradient stopped (once: a weight read from a loss already is)."""
+    op = None if tf.executing_eagerly() else getattr(weight, "op", None)
+    return weight if op is not None and op.type == "StopGradient" else tf.stop_gradient(weight)
+
+
 def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
     """``factor * grad`` for a dense gradient, ``tf.IndexedSlices`` or ``None``."""
     if grad is None:
@@ -194,14 +200,16 @@ def summed_loss_gradients(
     """
     variables = model.trainable_variables
     summed_loss = normalizer == "sum"  # reduction="sum": the loss is already c_i * L_i
+    samples = batch_size_of(x)
     with tf.GradientTape() as tape:
         with recording() as denominators:
             y_pred = model(x, training=True)
             loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
-        weight = tf.stop_gradient(
-            micro_batch_weight(normalizer, denominators, x, y, sample_weight, y_pred,
-                          batch_size_of(x)))
-        loss = loss * replica_loss_factor()
+        weight = _constant_for_gradients(
+            micro_batch_weight(normalizer, denominators, x, y, sample_weight, y_pred, samples))
+        factor = replica_loss_factor()
+        if factor != 1.0:
+            loss = loss * factor
         if summed_loss and model.losses:
             raise ValueError(
                 "The loss has reduction='sum' and the model has regularisation losses "
@@ -217,4 +225,4 @@ def summed_loss_gradients(
     grads = tape.gradient(summed, variables)
     if weigh_after:
         grads = [_scaled_gradient(g, weight) for g in grads]
-    return MicroBatchResult(loss, grads, weight, batch_size_of(x), y_pred)
+    return MicroBatchResult(loss, grads, weight, samples, y_pred)

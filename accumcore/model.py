@@ -49,6 +49,23 @@ _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
 _COMPILE_KEY = "accumcore_accumulation"
 
 
+class _ScalarMean(keras.metrics.Mean):
+    """``keras.metrics.Mean`` of one scalar value per call, weighted by one scalar.
+
+    ``total += value * weight``, ``count += weight`` (the variables ``Mean`` documents): the
+    logged loss, whose weight is the micro-batch's. ``Mean.update_state`` broadcasts and
+    reduces the weight like a per-sample array, a dozen graph operations per micro-step
+    here.
+    """
+
+    def update_state(self, values, sample_weight=None) -> None:
+        value = tf.cast(values, self.dtype)
+        weight = tf.constant(1.0, self.dtype) if sample_weight is None else tf.cast(
+            sample_weight, self.dtype)
+        self.total.assign_add(value * weight)
+        self.count.assign_add(weight)
+
+
 class WindowFlushCallback(keras.callbacks.Callback):
     """Applies ``AccumModel``'s end-of-epoch policy and reports non-finite gradients.
 
@@ -260,7 +277,7 @@ class AccumModel(keras.Model):
         self._configure(dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
                              normalizer=normalizer))
         self._accum_normalizer = self.normalizer  # resolved from the loss by build_accumulation
-        self._accum_loss_tracker = keras.metrics.Mean(name="loss")
+        self._accum_loss_tracker = _ScalarMean(name="loss")
         # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
         object.__setattr__(self, "_accumulation_store", _AccumulationStore(
             self._accumulation_values_to_save, self._restore_accumulation

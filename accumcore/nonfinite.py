@@ -22,10 +22,22 @@ from accumcore.errors import NonFiniteGradientError
 logger = logging.getLogger("accumcore")
 
 
-def finite(tensor) -> tf.Tensor:
-    """bool scalar: every element of one (dense or IndexedSlices) tensor is finite."""
+def finite(tensor, axes: dict | None = None) -> tf.Tensor:
+    """bool scalar: every element of one (dense or IndexedSlices) tensor is finite.
+
+    ``axes``: a dict ``rank -> reduction axes`` shared by the calls of one graph, so that
+    tensors of the same rank reduce over one constant (one graph operation, not one each).
+    """
     values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
-    return tf.reduce_all(tf.math.is_finite(values))
+    flags = tf.math.is_finite(values)
+    rank = flags.shape.rank
+    if rank == 0:
+        return flags
+    if axes is None or rank is None:
+        return tf.reduce_all(flags)
+    if rank not in axes:
+        axes[rank] = tf.constant(list(range(rank)), tf.int32)
+    return tf.reduce_all(flags, axis=axes[rank])
 
 
 def all_finite(tensors: Sequence) -> tf.Tensor:
@@ -86,8 +98,8 @@ class NonFiniteGuard:
         micro_step: int64 variable, the run's micro-batch index where the state froze (-1: not
             frozen).
         window_position: int64 variable, that micro-batch's position in its window.
-        variable: int64 variable, the index of the first offending trainable variable (-1:
-            only the micro-batch weight was not finite).
+        variable: int64 variable, the index of the first offending trainable variable (-1,
+            or the number of variables: only the micro-batch weight was not finite).
         unused: int64 variable, micro-batches refused since the freeze (seen, not used).
         parts: ``variable -> tuple`` of the copies a write here must reach (one, or every
             local replica's: :meth:`accumcore.distribute.Replicas.parts`).
@@ -125,21 +137,27 @@ class NonFiniteGuard:
         present = [(i, g) for i, g in enumerate(grads) if g is not None]
         flags = None  # per-gradient finiteness, reused by the diagnosis
         if policy.should_skip is has_nonfinite:
-            flags = [finite(g) for _, g in present]
-            bad = tf.logical_not(tf.reduce_all(tf.stack([*flags, finite(weight)])))
+            axes: dict = {}
+            flags = [finite(g, axes) for _, g in present]
+            ok = tf.reduce_all(tf.stack([*flags, finite(weight)]))
         else:
-            bad = tf.convert_to_tensor(policy.should_skip(grads, weight))
+            ok = tf.logical_not(policy.should_skip(grads, weight))
         if not policy.freeze:
-            return tf.cond(bad, skip, add)
+            return tf.cond(ok, add, skip)
+
+        recorded = self.micro_step.value()  # read once: the predicate and the record
+        fresh = recorded < 0  # not frozen
 
         def refuse() -> tf.Tensor:
             checks = flags if flags is not None else [finite(g) for _, g in present]
-            return self.refuse(checks, [i for i, _ in present], *where())
+            return self.refuse(checks, [i for i, _ in present], *where(), fresh=fresh,
+                               recorded=recorded)
 
-        return tf.cond(tf.logical_not(tf.logical_or(bad, self.frozen)), add, refuse)
+        return tf.cond(tf.logical_and(ok, fresh), add, refuse)
 
     def refuse(self, flags: Sequence[tf.Tensor], indices: Sequence[int],
-               window_position: tf.Tensor, micro_step: tf.Tensor) -> tf.Tensor:
+               window_position: tf.Tensor, micro_step: tf.Tensor, *,
+               fresh: tf.Tensor | None = None, recorded: tf.Tensor | None = None) -> tf.Tensor:
         """The rare branch of a micro-step: a bad micro-batch freezes the state (recording
         where, and its first non-finite gradient), a frozen state counts what it refuses.
 
@@ -147,20 +165,26 @@ class NonFiniteGuard:
             flags: per-gradient finiteness (bool scalars), for the gradients present.
             indices: the trainable-variable index of each of those gradients.
             window_position, micro_step: where this micro-batch is (int64 scalars).
+            fresh, recorded: whether the state is not frozen yet and its recorded micro-step
+                (-1), when the caller has read them (:meth:`admit`); read here otherwise.
 
         Returns:
             ``False`` (bool scalar): the micro-batch was not added.
         """
-        frozen = self.frozen
-        fresh = tf.logical_not(frozen)
-        self.unused.assign_add(tf.cast(frozen, tf.int64))
-        index_map = tf.constant([*indices, -1], tf.int64)
-        # The first offending variable (-1, the last entry: only the weight was non-finite).
+        if recorded is None:
+            recorded = self.micro_step.value()
+            fresh = recorded < 0
+        self.unused.assign_add(tf.cast(tf.logical_not(fresh), tf.int64))
+        # The first offending gradient: its position among `flags`, len(flags) for the weight
+        # (a trainable-variable index once mapped through `indices`; -1 for the weight).
         first = tf.argmin(tf.cast(tf.stack([*flags, tf.constant(False)]), tf.int32))
-        for variable, value in ((self.variable, tf.gather(index_map, first)),
-                                (self.window_position, window_position),
-                                (self.micro_step, micro_step)):
-            variable.assign(tf.where(fresh, value, variable.read_value()))
+        if list(indices) != list(range(len(indices))):
+            first = tf.gather(tf.constant([*indices, -1], tf.int64), first)
+        for variable, value, old in ((self.variable, first, None),
+                                     (self.window_position, window_position, None),
+                                     (self.micro_step, micro_step, recorded)):
+            old = variable.value() if old is None else old
+            variable.assign(tf.where(fresh, tf.cast(value, tf.int64), old))
         return tf.constant(False)
 
     def _local(self, variable: tf.Variable) -> list[int]:
@@ -180,7 +204,8 @@ class NonFiniteGuard:
         position = self._local(self.window_position)[replica]
         unused = self._local(self.unused)[replica]
         index = self._local(self.variable)[replica]
-        variable = names[index] if index >= 0 else "<micro-batch weight>"
+        # len(names) (every variable had a gradient) or -1: only the weight was not finite.
+        variable = names[index] if 0 <= index < len(names) else "<micro-batch weight>"
         where = f"epoch {epoch}, " if epoch is not None else ""
         return NonFiniteGradientError(
             f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "

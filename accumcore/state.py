@@ -438,7 +438,7 @@ class AccumulationState(tf.Module):
         if scaled:  # no micro-batch is checked: the window is, when it closes
             return add()
         added = guard.admit(policy, grads, weight, add, skip, where=lambda: (
-            self.micro_step.read_value(), self.micro_batches_seen.read_value()))
+            self.micro_step.value(), self.micro_batches_seen.value()))
         if not inside:
             counters.samples_seen.assign_add(samples)  # added or skipped: seen either way
             if advance:  # a skipped micro-batch still takes its place in the window
@@ -544,7 +544,7 @@ class AccumulationState(tf.Module):
             return self._replicas.close(self, optimizer, variables)
 
         def update() -> tf.Tensor:
-            grads = self.window.mean(self.window_weight.read_value(), normalize=self.normalize)
+            grads = self.window.mean(self.window_weight.value(), normalize=self.normalize)
             return self.apply_update(optimizer, variables, grads)
 
         if self.nonfinite_policy.freeze or loss_scaling.is_loss_scale_optimizer(optimizer):

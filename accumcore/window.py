@@ -94,7 +94,7 @@ class Window:
             if not has:
                 grads.append(None)
                 continue
-            total = next(given) if sums else acc.read_value()
+            total = next(given) if sums else acc.value()
             if normalize:
                 total = tf.math.divide_no_nan(total, tf.cast(weight, total.dtype))
             grads.append(total)
@@ -102,9 +102,23 @@ class Window:
 
     def reset(self) -> None:
         """Empty the window (every local copy under a strategy, reading nothing)."""
+        zeros: dict = {}  # dtype -> its scalar 0, shared by the window's variables
         for variable in self.variables:
             for part in self._parts(variable):
-                part.assign(tf.zeros(part.shape, part.dtype))
+                if part.dtype not in zeros:
+                    zeros[part.dtype] = tf.zeros((), part.dtype)
+                part.assign(_zeros_like(part, zeros[part.dtype]))
+
+
+def _zeros_like(variable: tf.Variable, zero: tf.Tensor) -> tf.Tensor:
+    """Zeros of ``variable``'s shape: ``zero`` itself for a scalar, a constant when small (as
+    ``tf.zeros`` makes), else ``zero`` filled (``tf.zeros`` would add a constant of its own)."""
+    size = variable.shape.num_elements()
+    if variable.shape.rank == 0:
+        return zero
+    if size is not None and size < 1000:
+        return tf.zeros(variable.shape, variable.dtype)
+    return tf.fill(variable.shape if size is not None else tf.shape(variable), zero)
 
 
 class Counters:
@@ -150,5 +164,5 @@ class Counters:
             return
         for dropped, pending in zip(self._parts(self.samples_dropped),
                                     self._parts(window_samples), strict=True):
-            samples = pending.read_value()
+            samples = pending.value()
             dropped.assign_add(samples if known is not None else (1 - applied_n) * samples)
