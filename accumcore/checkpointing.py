@@ -214,18 +214,7 @@ class ResumableLoop:
         epochs = check_accum_steps(epochs, "epochs")
         make = _as_factory(dataset)
         trainer, state = self.trainer, self.trainer.state
-        latest = self.manager.latest_checkpoint
-        start = int(tf.train.load_variable(latest, "epoch/.ATTRIBUTES/VARIABLE_VALUE")) \
-            if latest else trainer.epoch
-        self.resumed = latest is not None
-        self._build(make, start)
-        iterator = iter(make(start))
-        self.checkpoint.iterator = iterator
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-        else:
-            self.epoch.assign(start)
-            self.epoch_start_windows.assign(state.windows_applied)
+        start, iterator = self._restore_or_start(make)
         # The history's running sums continue from the checkpoint (or the last fit).
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
 
@@ -248,20 +237,43 @@ class ResumableLoop:
                 if not records and not (self.resumed and epoch == start):
                     raise empty_epoch_error(epoch)
                 close_epoch(trainer, book, int(self.epoch_start_windows.numpy()))
-                # Move the checkpointed progress to the start of the next epoch.
-                self.epoch.assign(epoch + 1)
-                self.epoch_start_windows.assign(state.windows_applied)
-                trainer.epoch = epoch + 1
-                if epoch + 1 < epochs:
-                    iterator = iter(make(epoch + 1))
-                    self.checkpoint.iterator = iterator
-                if self.save_at_epoch_end:
-                    self.save()
+                iterator = self._next_epoch(epoch, epochs, make, iterator)
         finally:
             self._keep_sums()  # what the next fit on this loop continues from
         history = book.history
         history.counters = state.counters()
         return history
+
+    def _restore_or_start(self, make: Callable[[int], tf.data.Dataset]) -> tuple[int, Any]:
+        """The epoch to start at and its dataset iterator: restored from the latest checkpoint
+        (the iterator's position included), or the trainer's epoch from its start."""
+        latest = self.manager.latest_checkpoint
+        start = int(tf.train.load_variable(latest, "epoch/.ATTRIBUTES/VARIABLE_VALUE")) \
+            if latest else self.trainer.epoch
+        self.resumed = latest is not None
+        self._build(make, start)
+        iterator = iter(make(start))
+        self.checkpoint.iterator = iterator
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        else:
+            self.epoch.assign(start)
+            self.epoch_start_windows.assign(self.trainer.state.windows_applied)
+        return start, iterator
+
+    def _next_epoch(self, epoch: int, epochs: int, make: Callable[[int], tf.data.Dataset],
+                    iterator: Any) -> Any:
+        """Move the checkpointed progress to the start of the epoch after ``epoch`` (its
+        iterator, if there is one, is returned and checkpointed), saving if asked."""
+        self.epoch.assign(epoch + 1)
+        self.epoch_start_windows.assign(self.trainer.state.windows_applied)
+        self.trainer.epoch = epoch + 1
+        if epoch + 1 < epochs:
+            iterator = iter(make(epoch + 1))
+            self.checkpoint.iterator = iterator
+        if self.save_at_epoch_end:
+            self.save()
+        return iterator
 
 
 # ---------------------------------------------------------------------------- model.fit

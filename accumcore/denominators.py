@@ -435,6 +435,13 @@ def micro_batch_weight(
             if normalizer == "sample_weight" and sample_weight is not None:
                 return tf.reduce_sum(tf.cast(sample_weight, tf.float32))
             return samples
+    record = _the_denominator(normalizer, known)
+    return samples if normalizer == "samples" else record.value
+
+
+def _the_denominator(normalizer: str, known: Sequence[Denominator]) -> Denominator:
+    """The one denominator that weighs the micro-batch (the first of ``known``), checked: the
+    losses' denominators must be proportional, and an explicit ``normalizer`` must agree."""
     if not _proportional(known):
         raise ValueError(
             "The model's losses divide by different numbers: "
@@ -458,6 +465,4 @@ def micro_batch_weight(
             f"normalizer='sample_weight' weighs micro-batches by their sample-weight sum, but "
             f"{_describe(record)}. Leave `normalizer` unset (default 'auto')."
         )
-    if normalizer == "samples":
-        return samples
-    return record.value
+    return record

@@ -678,43 +678,45 @@ class AccumTrainer:
         cardinality, steps_per_epoch = self._check_epochs(dataset, steps_per_epoch)
         if self.state.built:
             self.state.clear_nonfinite()  # logs what is kept, if a previous call raised
-        # Under a tf.distribute strategy each global micro-batch is split across the replicas.
-        strategy = distribute.model_strategy(self.model)
-        batches = dataset if strategy is None else distribute.distribute_dataset(strategy, dataset)
         book = HistoryBook()
-        source = _EpochSource(batches, cardinality, steps_per_epoch)
+        source = _EpochSource(self.model, dataset, cardinality, steps_per_epoch)
         for _ in range(epochs):
-            steps = steps_per_epoch if steps_per_epoch is not None else (
-                cardinality if cardinality > 0 else None)
-            bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
-            # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
-            ticked = mode != "graph" and verbose == 1
-            before = int(self.state.windows_applied.numpy()) if self.state.built else 0
-            if mode == "graph":
-                records = self._graph_epoch(dataset, source)
-            else:
-                records = self.run_micro_batches(
-                    source.epoch(), compiled=(mode == "function"), check_each=False,
-                    after=_tick(bar) if ticked else None)
-                self.state.raise_if_nonfinite(self.epoch)  # once per epoch, not per batch
-                records = [(float(loss), float(weight), bool(did))
-                           for loss, weight, did in records]
-            if not ticked:  # the epoch's mean micro-batch loss, once
-                bar.update(len(records), values=[("loss", float(np.mean(
-                    [r[0] for r in records])))] if records else None, finalize=False)
-            ran_out = source.count(len(records), self.epoch)
-            if not records and (steps_per_epoch is None or not self.state.built):
-                raise empty_epoch_error(self.epoch)
-            for record in records:  # book-keeping in Python, from the per-micro-batch records
-                book.micro_batch(*record)
-            close_epoch(self, book, before)
-            if verbose and (not ticked or steps is None or ran_out):
-                bar.update(bar.target or len(records), values=None, finalize=True)
+            self._fit_epoch(dataset, source, book, mode=mode, verbose=verbose)
             book.history.counters = self.state.counters()
             if on_epoch_end is not None:
                 on_epoch_end(self.epoch, book.history)
             self.epoch += 1
         return book.history
+
+    def _fit_epoch(self, dataset: tf.data.Dataset, source: _EpochSource, book: HistoryBook, *,
+                   mode: str, verbose: int) -> None:
+        """One epoch of :meth:`fit`: its micro-batches, the progress bar, the book-keeping and
+        the end-of-epoch policy."""
+        steps = source.steps
+        bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
+        # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
+        ticked = mode != "graph" and verbose == 1
+        before = int(self.state.windows_applied.numpy()) if self.state.built else 0
+        if mode == "graph":
+            records = self._graph_epoch(dataset, source)
+        else:
+            records = self.run_micro_batches(
+                source.epoch(), compiled=(mode == "function"), check_each=False,
+                after=_tick(bar) if ticked else None)
+            self.state.raise_if_nonfinite(self.epoch)  # once per epoch, not per batch
+            records = [(float(loss), float(weight), bool(did))
+                       for loss, weight, did in records]
+        if not ticked:  # the epoch's mean micro-batch loss, once
+            bar.update(len(records), values=[("loss", float(np.mean(
+                [r[0] for r in records])))] if records else None, finalize=False)
+        ran_out = source.count(len(records), self.epoch)
+        if not records and (source.steps_per_epoch is None or not self.state.built):
+            raise empty_epoch_error(self.epoch)
+        for record in records:  # book-keeping in Python, from the per-micro-batch records
+            book.micro_batch(*record)
+        close_epoch(self, book, before)
+        if verbose and (not ticked or steps is None or ran_out):
+            bar.update(bar.target or len(records), values=None, finalize=True)
 
     def _check_epochs(self, dataset: tf.data.Dataset,
                       steps_per_epoch: int | None) -> tuple[int, int | None]:
@@ -756,10 +758,17 @@ class _EpochSource:
     """Where ``AccumTrainer.fit``'s epochs draw micro-batches: the whole dataset each epoch,
     or with ``steps_per_epoch`` that many from one iterator kept across epochs (as Keras)."""
 
-    def __init__(self, batches, cardinality: int, steps_per_epoch: int | None) -> None:
-        self.batches = batches
+    def __init__(self, model: keras.Model, dataset: tf.data.Dataset, cardinality: int,
+                 steps_per_epoch: int | None) -> None:
+        # Under a tf.distribute strategy each global micro-batch is split across the replicas.
+        strategy = distribute.model_strategy(model)
+        self.batches = dataset if strategy is None else distribute.distribute_dataset(
+            strategy, dataset)
         self.cardinality = cardinality
         self.steps_per_epoch = steps_per_epoch
+        #: micro-batches per epoch, if known (the progress bar's target)
+        self.steps = steps_per_epoch if steps_per_epoch is not None else (
+            cardinality if cardinality > 0 else None)
         self._iterator: Iterator | None = None
         self._seen = 0  # micro-batches drawn from the iterator
 

@@ -90,16 +90,7 @@ def largest_fitting(
             memory).
     """
     step = check_positive_int(multiple_of, "multiple_of")
-    start = check_positive_int(start, "start")
-    start = -(-start // step) * step
-    if limit is not None:
-        limit = check_positive_int(limit, "limit")
-        limit = (limit // step) * step
-        if limit < start:
-            raise ValueError(
-                f"`limit` ({limit} after rounding down to a multiple of {step}) is below "
-                f"`start` ({start}): pass limit >= start."
-            )
+    start, limit = _rounded_range(start, limit, step)
     seen = probes if probes is not None else []
 
     def probe(b: int) -> bool:
@@ -113,18 +104,33 @@ def largest_fitting(
             "memory: reduce the model or input size, or use a device with more memory."
         )
     good = start  # largest size known to fit
-    bad: int | None = None  # smallest size known not to fit (or None: not found yet)
     # 1. doubling
     while limit is None or good < limit:
         nxt = good * 2 if limit is None else min(good * 2, limit)
-        if probe(nxt):
-            good = nxt
-        else:
-            bad = nxt
-            break
-    if bad is None:
-        return good  # reached the limit
-    # 2. bisection on multiples of `step` strictly between good and bad
+        if not probe(nxt):
+            return _bisect(probe, good, nxt, step)
+        good = nxt
+    return good  # reached the limit
+
+
+def _rounded_range(start: int, limit: int | None, step: int) -> tuple[int, int | None]:
+    """``start`` rounded up and ``limit`` down to multiples of ``step``, checked."""
+    start = check_positive_int(start, "start")
+    start = -(-start // step) * step
+    if limit is not None:
+        limit = check_positive_int(limit, "limit")
+        limit = (limit // step) * step
+        if limit < start:
+            raise ValueError(
+                f"`limit` ({limit} after rounding down to a multiple of {step}) is below "
+                f"`start` ({start}): pass limit >= start."
+            )
+    return start, limit
+
+
+def _bisect(probe: Callable[[int], bool], good: int, bad: int, step: int) -> int:
+    """The largest fitting multiple of ``step`` in ``[good, bad)``: ``good`` fits, ``bad``
+    does not; bisects on the multiples strictly between them."""
     while bad - good > step:
         mid = ((good + bad) // 2 // step) * step
         if mid <= good:
