@@ -2,7 +2,7 @@
 window is reduced across replicas.
 
 The rule itself (accumulate, advance, close, drop, reset) is written once, in
-:class:`~accumcore.AccumulationState` and its pieces; a state built under a strategy asks its
+:mod:`accumcore.rule` over the state's pieces; a state built under a strategy asks its
 :class:`StrategyReplicas` (:class:`Replicas` for one replica) where each step runs, and
 :meth:`StrategyReplicas.close` is its close as a whole.
 

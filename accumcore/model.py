@@ -40,9 +40,10 @@ from accumcore.core import (
     summed_loss_gradients,
 )
 from accumcore.denominators import counted, uncounted
+from accumcore.layout import saved_micro_step
 from accumcore.loss_scaling import is_loss_scale_optimizer
 from accumcore.nonfinite import NONFINITE, NonFinitePolicy
-from accumcore.state import AccumulationState, saved_micro_step
+from accumcore.state import AccumulationState
 
 _CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
 # Key under which get_compile_config() carries the accumulation settings (see there).

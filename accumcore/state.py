@@ -18,10 +18,11 @@ Like optax's ``MultiSteps``, all mutable accumulation state lives in one object.
   mean, reset);
 * :class:`~accumcore.nonfinite.NonFiniteGuard` and the policy: what a bad micro-batch does;
 * :class:`~accumcore.window.Counters`: the run-long counts;
-* :class:`~accumcore.AccumulationState`: holds them (and their variables, under the names
-  checkpoints know), runs one micro-step (:meth:`~accumcore.AccumulationState.step`) and
-  closes a window in ``AccumulationState._close``, whose
-  :meth:`~accumcore.AccumulationState.apply_update` is the library's only ``optimizer.apply``.
+* :class:`~accumcore.AccumulationState`: holds them and their variables (made by
+  :mod:`accumcore.layout`, under the names checkpoints know), and runs one micro-step
+  (:meth:`~accumcore.AccumulationState.step`) with the rule's functions in
+  :mod:`accumcore.rule`: ``accumulate``, ``close_if_due``, ``close`` (the one-device close,
+  on one screen) and ``apply_update``, the library's only ``optimizer.apply``.
 
 Under a ``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies where each step runs
 and its own close (one status reduction per window); loss scaling is the
@@ -33,13 +34,13 @@ the state (building it for a model, following the trainable set, the end-of-epoc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import tensorflow as tf
 
-from accumcore import distribute, loss_scaling
+from accumcore import distribute, layout, rule
 from accumcore.config import check_accum_steps
-from accumcore.nonfinite import LOSS_SCALED, NonFiniteGuard, NonFinitePolicy, nonfinite_policy
+from accumcore.layout import variable_name
+from accumcore.nonfinite import NonFiniteGuard, NonFinitePolicy, nonfinite_policy
 from accumcore.window import Counters, Window
 
 #: The error for a summed loss under a strategy (``accumcore.entry`` raises it too).
@@ -50,20 +51,6 @@ SUM_UNDER_STRATEGY = (
 )
 
 
-def _accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
-    """float32 for float16/bfloat16/float32 variables, float64 for float64 variables."""
-    return tf.float64 if variable_dtype == tf.float64 else tf.float32
-
-
-def _as_dtype(variable) -> tf.DType:
-    return tf.as_dtype(getattr(variable, "dtype", tf.float32))
-
-
-def variable_name(variable) -> str:
-    """A variable's path (Keras 3) or name."""
-    return getattr(variable, "path", None) or variable.name
-
-
 class _Untracked:
     """Holds a Python value out of ``tf.Module`` tracking (so out of checkpoints)."""
 
@@ -71,60 +58,6 @@ class _Untracked:
 
     def __init__(self, value) -> None:
         self.value = value
-
-
-def describe_change(old: list[str], new: list[str]) -> str:
-    """``"+a/kernel, -b/bias"``: variables that became trainable (+) or frozen (-)."""
-    added = [f"+{n}" for n in new if n not in old]
-    removed = [f"-{n}" for n in old if n not in new]
-    parts = added + removed
-    return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
-
-
-class _Scalar(NamedTuple):
-    """One scalar variable of the state (int64, or float32 for a float ``initial``)."""
-
-    name: str
-    initial: int | float
-    summed: bool  # under a strategy: SUM over the replicas (else the first replica's value)
-    reported: bool  # in counters()
-    saved: bool  # in variables_for_saving()
-
-
-#: Every scalar of the state, in the order of ``variables_for_saving`` (after the
-#: accumulators; the order of ``.keras`` files' ``accumcore_<i>`` entries: never reorder).
-_SCALARS = (
-    _Scalar("window_weight", 0.0, summed=True, reported=True, saved=True),
-    _Scalar("micro_step", 0, summed=False, reported=True, saved=True),
-    _Scalar("window_samples", 0, summed=True, reported=True, saved=True),
-    _Scalar("windows_applied", 0, summed=False, reported=True, saved=True),
-    _Scalar("windows_skipped", 0, summed=False, reported=True, saved=True),
-    _Scalar("micro_batches_seen", 0, summed=False, reported=True, saved=True),
-    # Summed: under a strategy each replica skips its own shard of a micro-batch.
-    _Scalar("micro_batches_skipped", 0, summed=True, reported=True, saved=True),
-    _Scalar("samples_seen", 0, summed=True, reported=True, saved=True),
-    _Scalar("samples_dropped", 0, summed=True, reported=True, saved=True),
-    _Scalar("window_poisoned", 0, summed=False, reported=False, saved=True),
-    # Where a non-finite gradient froze the state (-1: not frozen).
-    _Scalar("nonfinite_micro_step", -1, summed=False, reported=False, saved=False),
-    _Scalar(
-        "nonfinite_window_position", -1, summed=False, reported=False, saved=False
-    ),
-    _Scalar("nonfinite_variable", -1, summed=False, reported=False, saved=False),
-    # Micro-batches refused while frozen (seen after the bad one, not used).
-    _Scalar("nonfinite_unused", 0, summed=False, reported=False, saved=False),
-)
-
-
-def saved_micro_step(values: Sequence) -> int:
-    """The pending window's micro-batch count in saved values (``variables_for_saving``).
-
-    Readable without building a state (e.g. to refuse loading a partial window into a model
-    that has nothing to apply it to): the saved scalars come last, in ``_SCALARS`` order.
-    """
-    saved = [s.name for s in _SCALARS if s.saved]
-    index = len(values) - len(saved) + saved.index("micro_step")
-    return int(values[index]) if 0 <= index < len(values) else 0
 
 
 class AccumulationState(tf.Module):
@@ -139,18 +72,11 @@ class AccumulationState(tf.Module):
             ``"skip_window"`` (drop the whole window, apply nothing), or a
             :class:`~accumcore.NonFinitePolicy`.
 
-    Variables (created by :meth:`build` from the model's trainable variables; attributes of
-    the state, under these names in checkpoints):
-
-    * ``accumulators``: one per trainable variable, same shape, float32 (float64 for float64
-      variables), holding ``sum_i c_i * grad(L_i)`` of the current window.
-    * ``window_weight`` (float32, ``sum_i c_i``), ``micro_step`` (micro-batches in the window,
-      0..K-1), ``window_samples``, ``window_poisoned``: the rest of the
-      :class:`~accumcore.window.Window`.
-    * The :class:`~accumcore.window.Counters` (int64, over the whole run).
-    * ``nonfinite_micro_step``, ``nonfinite_window_position``, ``nonfinite_variable``,
-      ``nonfinite_unused``: the :class:`~accumcore.nonfinite.NonFiniteGuard`'s.
-
+    Variables, created by :meth:`build` for the model's trainable variables (attributes of
+    the state, under these names in checkpoints): ``accumulators`` (one per trainable
+    variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
+    :data:`accumcore.layout.SCALARS`: the :class:`~accumcore.window.Window`'s, the
+    :class:`~accumcore.window.Counters` and the :class:`~accumcore.nonfinite.NonFiniteGuard`'s.
     :attr:`window_variables` and :meth:`variables_for_saving` list them.
     """
 
@@ -166,8 +92,8 @@ class AccumulationState(tf.Module):
         #: default, for mean losses); ``False`` applies it as it is, for losses that are
         #: already sums (``reduction="sum"``). Set from the loss by :mod:`accumcore.entry`.
         self.normalize = True
-        # Where the rule's steps run, and the close under a strategy (distribute.Replicas).
-        self._replicas = distribute.replicas(None)
+        #: Where the rule's steps run (:class:`~accumcore.distribute.Replicas`; see build).
+        self.replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
         #: skipped or dropped. Layers with per-window state (window-level BatchNorm) register.
@@ -175,8 +101,7 @@ class AccumulationState(tf.Module):
 
     @property
     def nonfinite(self) -> str:
-        """The name of the non-finite policy (assign a name or a
-        :class:`~accumcore.NonFinitePolicy`)."""
+        """The non-finite policy's name (assign a name or a :class:`~accumcore.NonFinitePolicy`)."""
         return self.nonfinite_policy.name
 
     @nonfinite.setter
@@ -221,83 +146,32 @@ class AccumulationState(tf.Module):
         """
         variables = list(variables)
         if not variables:
-            raise ValueError(
-                "The model has no trainable variables yet, so there is nothing to accumulate. "
-                "Build the model first: call it on one batch, call `model.build(input_shape)`, "
-                "or start it with `keras.Input(shape=...)`."
-            )
+            raise ValueError(layout.NO_VARIABLES)
         if self.built:
             if self.same_variables(variables):
                 return False
-            self._follow(variables)
-            return True
-        strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-        self._replicas = distribute.replicas(strategy)
-        with tf.init_scope():
-            # Extend the tracked list in place (not re-assign it) so that a checkpoint read
-            # before the state was built restores the accumulators when they are created.
-            self.accumulators.extend(self._new_accumulators(variables))
-            for s in _SCALARS:
-                dtype = tf.float32 if isinstance(s.initial, float) else tf.int64
-                setattr(self, s.name, tf.Variable(
-                    tf.constant(s.initial, dtype), trainable=False, name=s.name,
-                    **self._replicas.placement(s.summed)))
-        self._set_variables(variables)
+            layout.check_can_follow(self._variables.value, variables,
+                                    self.pending_micro_batches(), self.replicas.distributed)
+            with tf.init_scope():  # a new list: tracked lists must only grow to stay saveable
+                self.accumulators = layout.new_accumulators(variables, self.replicas.placement)
+            self.replicas.forget()  # compiled closes captured the old accumulators
+        else:
+            strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+            self.replicas = distribute.replicas(strategy)
+            with tf.init_scope():
+                # Extend the tracked list in place (not re-assign it) so that a checkpoint read
+                # before the state was built restores the accumulators when they are created.
+                self.accumulators.extend(
+                    layout.new_accumulators(variables, self.replicas.placement))
+                for name, variable in layout.new_scalars(self.replicas.placement).items():
+                    setattr(self, name, variable)
+        self._variables = _Untracked(tuple(variables))  # the model's: not the state's to save
+        self._pieces = _Untracked(layout.pieces(self))
         return True
-
-    def _new_accumulators(self, variables: list) -> list[tf.Variable]:
-        """Zero accumulators, one per variable (float32; float64 for float64 variables)."""
-        with tf.init_scope():
-            return [
-                tf.Variable(tf.zeros(v.shape, _accumulator_dtype(_as_dtype(v))),
-                            trainable=False, name=f"accum_{i}",
-                            **self._replicas.placement(summed=True))
-                for i, v in enumerate(variables)
-            ]
-
-    def _set_variables(self, variables: list) -> None:
-        """Hold ``variables`` (untracked: the model's variables are not the state's to save)
-        and assemble the pieces over the state's variables."""
-        self._variables = _Untracked(tuple(variables))
-        parts = self._replicas.parts
-        window = Window(self.accumulators, self.window_weight, self.micro_step,
-                        self.window_samples, self.window_poisoned, parts,
-                        self._replicas.distributed)
-        counters = Counters({name: getattr(self, name) for name in Counters.NAMES}, parts)
-        guard = NonFiniteGuard(self.nonfinite_micro_step, self.nonfinite_window_position,
-                               self.nonfinite_variable, self.nonfinite_unused, parts)
-        self._pieces = _Untracked((window, counters, guard))
-
-    def _follow(self, variables: list) -> None:
-        """Re-create the accumulators for a new trainable set (the window must be empty)."""
-        old = [variable_name(v) for v in self._variables.value]
-        new = [variable_name(v) for v in variables]
-        pending = self.pending_micro_batches()
-        if pending:
-            raise ValueError(
-                f"The trainable variables changed ({len(old)} -> {len(new)} variables: "
-                f"{describe_change(old, new)}) while a window of {pending} micro-batches is "
-                "pending. Its gradients belong to the old set: apply it first with "
-                "`model.flush()` (AccumModel) or `trainer.flush()` (AccumTrainer), "
-                "then change `trainable` (or train on: the next `fit` after `compile` follows "
-                "the new set)."
-            )
-        if self._replicas.distributed and not tf.distribute.has_strategy():
-            raise ValueError(
-                "This AccumulationState was built under a tf.distribute strategy: re-build it "
-                "for the new trainable set inside `strategy.scope()`."
-            )
-        with tf.init_scope():
-            # A new list (not an in-place edit: tracked lists must only grow to stay saveable).
-            self.accumulators = self._new_accumulators(variables)
-        self._set_variables(variables)
-        self._replicas.forget()  # compiled closes captured the old accumulators
 
     def same_variables(self, variables: Sequence) -> bool:
         """Whether ``variables`` are exactly the ones the accumulators were built for."""
-        built = self._variables.value
-        variables = tuple(variables)
-        return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
+        return layout.same_variables(self._variables.value, variables)
 
     @property
     def variables_accumulated(self) -> tuple:
@@ -310,49 +184,16 @@ class AccumulationState(tf.Module):
         if not self.built:
             return 0
         with tf.init_scope():
-            return max(int(part.numpy()) for part in self._replicas.parts(self.micro_step))
+            return max(int(part.numpy()) for part in self.replicas.parts(self.micro_step))
 
     def _check_built(self) -> None:
         if not self.built:
-            raise ValueError(
-                "AccumulationState is not built: call `state.build(model.trainable_variables)` "
-                "once the model has variables."
-            )
-
-    def _check_gradients(self, grads: Sequence) -> None:
-        if len(grads) != len(self.accumulators):
-            raise ValueError(
-                f"Got {len(grads)} gradients for {len(self.accumulators)} accumulators: "
-                "`grads` must match the trainable variables the state was built from, one per "
-                "variable and in the same order (use `tape.gradient(loss, "
-                "model.trainable_variables)`)."
-            )
-        for g, acc in zip(grads, self.accumulators):
-            if g is not None and g.shape.rank is not None and acc.shape.rank is not None:
-                shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else g.shape
-                if isinstance(shape, tf.TensorShape) and not shape.is_compatible_with(acc.shape):
-                    raise ValueError(
-                        f"Gradient of shape {shape} does not match accumulator "
-                        f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
-                        "trainable variables the state was built from."
-                    )
-
-    def _check_variables(self, variables: Sequence) -> None:
-        if not self.same_variables(variables):
-            names = [variable_name(v) for v in variables]
-            built = [variable_name(v) for v in self._variables.value]
-            raise ValueError(
-                f"The trainable variables ({len(names)}) are not the ones the accumulators "
-                f"were built for ({len(built)}; {describe_change(built, names)}): a layer was "
-                "frozen or unfrozen. Call `state.build(model.trainable_variables)` with an "
-                "empty window before the next step (AccumTrainer does this itself, "
-                "`AccumModel.fit` after `compile`), and retrace compiled steps."
-            )
+            raise ValueError(layout.NOT_BUILT)
 
     @property
     def strategy(self) -> tf.distribute.Strategy | None:
         """The ``tf.distribute`` strategy the state was built under (``None``: no strategy)."""
-        return self._replicas.strategy
+        return self.replicas.strategy
 
     @property
     def frozen(self) -> tf.Tensor:
@@ -373,7 +214,7 @@ class AccumulationState(tf.Module):
         ``window_poisoned`` (the order of the entries of ``.keras`` files). The non-finite
         flags are not saved: a frozen state is not saved frozen."""
         self._check_built()
-        return [*self.accumulators, *(getattr(self, s.name) for s in _SCALARS if s.saved)]
+        return [*self.accumulators, *(getattr(self, s.name) for s in layout.SCALARS if s.saved)]
 
     def counters(self) -> dict[str, int | float]:
         """The counters as Python numbers (reads the variables; call outside graphs): the
@@ -382,7 +223,7 @@ class AccumulationState(tf.Module):
         self._check_built()
         return {
             s.name: (float if isinstance(s.initial, float) else int)(getattr(self, s.name).numpy())
-            for s in _SCALARS if s.reported
+            for s in layout.SCALARS if s.reported
         }
 
     # ------------------------------------------------------------------ one micro-step
@@ -404,46 +245,10 @@ class AccumulationState(tf.Module):
         Returns:
             A bool scalar: whether the micro-batch was added (False if it was skipped or the
             state is frozen by a non-finite gradient).
-
-        Per micro-batch: the gradients added, the weight and the counts, and one finiteness
-        test; skipping, freezing and the diagnosis are in the rarely taken branch of one
-        ``tf.cond``.
         """
         self._check_built()
-        self._check_gradients(grads)
-        window, counters, guard = self._pieces.value
-        window.has_gradient = [g is not None for g in grads]
-        weight = tf.cast(weight, tf.float32)
-        samples = tf.cast(samples, tf.int64)
-        scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
-        policy = LOSS_SCALED if scaled else self.nonfinite_policy
-        # Counted as seen inside `add` when refused micro-batches are not seen (a freeze) or
-        # nothing is ever refused (loss scaling); else once, after the decision.
-        inside = policy.freeze or scaled
-
-        def add() -> tf.Tensor:
-            window.add(grads, weight, samples)
-            if inside:
-                counters.samples_seen.assign_add(samples)
-                if advance:
-                    self.advance()
-            return tf.constant(True)
-
-        def skip() -> tf.Tensor:
-            counters.skip(samples)
-            if policy.skip_window:
-                self.window_poisoned.assign(1)
-            return tf.constant(False)
-
-        if scaled:  # no micro-batch is checked: the window is, when it closes
-            return add()
-        added = guard.admit(policy, grads, weight, add, skip, where=lambda: (
-            self.micro_step.value(), self.micro_batches_seen.value()))
-        if not inside:
-            counters.samples_seen.assign_add(samples)  # added or skipped: seen either way
-            if advance:  # a skipped micro-batch still takes its place in the window
-                self.advance()
-        return added
+        layout.check_gradients(grads, self.accumulators)
+        return rule.accumulate(self, grads, weight, samples, optimizer, advance=advance)
 
     def advance(self) -> None:
         """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
@@ -460,18 +265,18 @@ class AccumulationState(tf.Module):
             bool scalar: whether an optimizer update was applied by this call.
         """
         self._check_built()
-        self._check_variables(variables)
-        self._replicas.require_replica_context()
+        layout.check_variables(self._variables.value, variables)
+        self.replicas.require_replica_context()
         variables = list(variables)
-        if self._replicas.distributed:
+        if self.replicas.distributed:
             # Every replica advances in lockstep (a frozen one too); whether the window is
             # full is decided in cross-replica context.
             self.accumulate(grads, weight, samples, optimizer)
             self.advance()
         else:  # a frozen state does not advance, so its window never becomes due
             self.accumulate(grads, weight, samples, optimizer, advance=True)
-        return self._replicas.decide(lambda: self._close_if_due(optimizer, variables,
-                                                                force=False))
+        return self.replicas.decide(
+            lambda: rule.close_if_due(self, optimizer, variables, force=False))
 
     # ------------------------------------------------------------------ closing a window
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
@@ -485,25 +290,23 @@ class AccumulationState(tf.Module):
 
         Args:
             optimizer: the Keras optimizer (``apply`` is called once).
-            variables: the model's current trainable variables. The window is applied to the
-                variables its accumulators were built for (:attr:`variables_accumulated`),
-                also when ``trainable`` changed since; an optimizer that is not built yet (a
-                new one from ``compile``) is built for ``variables``, so that it can update
-                the whole current set afterwards.
+            variables: the model's current trainable variables: an optimizer not built yet (a
+                new one from ``compile``) is built for them. The window is applied to
+                :attr:`variables_accumulated`, also when ``trainable`` changed since.
 
         Returns:
             bool scalar: whether an optimizer update was applied.
         """
         self._check_built()
-        if variables is not None and not self._replicas.distributed and not optimizer.built:
+        if variables is not None and not self.replicas.distributed and not optimizer.built:
             with tf.init_scope():
                 optimizer.build(list(variables))
         variables = list(self._variables.value)
-        if not self.normalize and self._replicas.distributed:
+        if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
         key = (id(optimizer), *map(id, variables))
-        return self._replicas.decide(
-            lambda: self._close_if_due(optimizer, variables, force=True), key)
+        return self.replicas.decide(
+            lambda: rule.close_if_due(self, optimizer, variables, force=True), key)
 
     def drop_window(self) -> None:
         """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
@@ -514,102 +317,25 @@ class AccumulationState(tf.Module):
         """Empty the current window (:attr:`window_variables`); counters are kept."""
         self.window.reset()
 
-    def _close_if_due(self, optimizer, variables: list, *, force: bool) -> tf.Tensor:
-        """Close the window if it holds K micro-batches (any, with ``force``): bool scalar.
-
-        Under a strategy this runs in cross-replica context, where the replicas' window
-        counters agree (they advance in lockstep): the first one's decides.
-        """
-        due = self.window.due(self._replicas.first(self.micro_step), self.accum_steps,
-                              force=force)
-        if force and not self._replicas.distributed:
-            # One replica: a frozen state keeps its window (the Python side raises). Under a
-            # strategy the frozen flag is part of the window's status (distribute's close).
-            due = tf.logical_and(due, tf.logical_not(self.frozen))
-        return tf.cond(due, lambda: self._close(optimizer, variables), lambda: tf.constant(False))
-
-    def _close(self, optimizer, variables: list) -> tf.Tensor:
-        """Close a due window: its mean gradient, the skip decision, one update, its end.
-
-        A window is skipped when a micro-batch condemned it (``"skip_window"``) or none of its
-        micro-batches was added; under ``"raise"`` neither can happen (a frozen state is never
-        due), and a ``LossScaleOptimizer`` skips an overflowed window itself. Under a strategy
-        :meth:`accumcore.distribute.StrategyReplicas.close` is the close, with the window's one
-        status reduction.
-
-        Returns:
-            bool scalar: whether an optimizer update was applied.
-        """
-        if self._replicas.distributed:
-            return self._replicas.close(self, optimizer, variables)
-
-        def update() -> tf.Tensor:
-            grads = self.window.mean(self.window_weight.value(), normalize=self.normalize)
-            return self.apply_update(optimizer, variables, grads)
-
-        if self.nonfinite_policy.freeze or loss_scaling.is_loss_scale_optimizer(optimizer):
-            applied = update()  # True, unless a LossScaleOptimizer skips the window itself
-        else:
-            skip = tf.logical_or(self.window_poisoned > 0, self.window_samples <= 0)
-            applied = tf.cond(skip, lambda: tf.constant(False), update)
-        return self.end_window(applied)
-
     def apply_update(self, optimizer, variables: list, grads: list, *,
-               unscale: bool = False) -> tf.Tensor:
-        """The window's optimizer update: the library's one ``apply`` call (under a strategy,
-        in replica context: each replica applies its share, Keras all-reduces them).
-
-        Args:
-            grads: the window's gradient, one entry per variable (``None``: no gradient).
-            unscale: apply the unscaled gradient with the inner optimizer of a
-                ``LossScaleOptimizer`` (under a strategy: :mod:`accumcore.loss_scaling`).
-
-        Returns:
-            bool scalar: whether the update was applied (a LossScaleOptimizer skips an
-            overflowed window itself).
-        """
-        target = optimizer
-        if unscale:
-            target, grads = optimizer.inner_optimizer, loss_scaling.unscale(optimizer, grads)
-        grads = [None if g is None else tf.cast(g, _as_dtype(v))
-                 for g, v in zip(grads, variables, strict=True)]
-        target.apply(grads, variables)
-        return loss_scaling.window_applied(target, grads)
+                     unscale: bool = False) -> tf.Tensor:
+        """The window's optimizer update, the library's one ``apply`` call
+        (:func:`accumcore.rule.apply_update`); bool scalar: whether it was applied."""
+        return rule.apply_update(optimizer, variables, grads, unscale=unscale)
 
     def end_window(self, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
-        """Every window ends here, applied, skipped or dropped: counted, the window hooks run,
-        then emptied (under a strategy: every local copy, from cross-replica context).
-
-        Args:
-            applied: a Python bool or a bool scalar tensor. Known statically, only that
-                outcome is written; otherwise the hooks (which take a Python bool) run in one
-                ``cond``, a branch per outcome.
-            counted: count the window in ``windows_applied`` / ``windows_skipped`` (``False``:
-                a dropped window, counted only in ``samples_dropped``).
-
-        Returns:
-            bool scalar: ``applied``.
-        """
-        known = tf.get_static_value(applied)
-        if known is None and self.window_hooks:
-            return tf.cond(applied, lambda: self.end_window(True, counted=counted),
-                           lambda: self.end_window(False, counted=counted))
-        self.run_counters.end_window(applied, self.window_samples, counted=counted)
-        for hook in self.window_hooks:
-            hook(bool(known))
-        self.window.reset()
-        return applied if known is None else tf.constant(bool(known))
+        """End the window, ``applied`` (a bool or bool scalar) or not: counted, the window
+        hooks run, then emptied (:func:`accumcore.rule.end_window`). Returns ``applied``."""
+        return rule.end_window(self, applied, counted=counted)
 
     # ------------------------------------------------------------------ non-finite report
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
         """Raise :class:`~accumcore.NonFiniteGradientError` if a non-finite gradient froze
         the state.
 
-        Call from Python, after a step or after many: a frozen state refuses every later
-        micro-batch (counted), so checking once per epoch loses nothing but that epoch's
-        remaining compute. ``fit`` checks at the end of each epoch; ``train_on_batch``,
-        ``train_micro_batch`` and ``window_step`` after each call. :meth:`clear_nonfinite`
-        unfreezes the state (the bad micro-batch stays out).
+        Call from Python, after a step or after many: a frozen state refuses (and counts)
+        every later micro-batch, so ``fit`` checks once per epoch; ``train_on_batch``,
+        ``train_micro_batch`` and ``window_step`` after each call.
         """
         if not self.built or not self.nonfinite_policy.freeze:
             return
@@ -621,12 +347,9 @@ class AccumulationState(tf.Module):
     def clear_nonfinite(self) -> bool:
         """Unfreeze the state after a :class:`~accumcore.NonFiniteGradientError`.
 
-        The window accumulated before the bad micro-batch is kept (valid gradients; nothing is
-        dropped silently): training continues it. ``flush()`` applies it now,
-        :meth:`drop_window` discards it (counted in ``samples_dropped``).
-
-        Returns:
-            Whether the state was frozen (and a log line said what was kept).
+        The window before the bad micro-batch is kept (nothing is dropped silently) and
+        training continues it; ``flush()`` applies it now, :meth:`drop_window` discards it.
+        Returns whether the state was frozen (a log line says what was kept).
         """
         self._check_built()
         with tf.init_scope():

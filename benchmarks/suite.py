@@ -42,6 +42,7 @@ from accumcore.lab.benchmarking import (
     _dataset,
     benchmark_data,
     build_model,
+    code_size,
     count_ops,
     count_traces,
     evaluate_targets,
@@ -806,6 +807,7 @@ def run_suite(settings: SuiteSettings, *, only: Iterable[str] | None = None,
         "machine": machine_info(),
         "throughput": [], "breakdown": [], "memory": [], "tracing": [], "probe": None,
         "ops": [],
+        "code": code_size(),  # the library's source sizes (issue 19), not a measurement
     }
     # Memory and the probe run in subprocesses and tracing counts do not depend on speed, so
     # the three overlap; the throughput timing then runs alone.

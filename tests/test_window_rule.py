@@ -31,9 +31,9 @@ def _calls_of(attribute: str) -> list[str]:
     return sites
 
 
-def test_optimizer_apply_has_one_call_site_in_the_state() -> None:
+def test_optimizer_apply_has_one_call_site_in_the_rule() -> None:
     sites = _calls_of("apply")
-    assert len(sites) == 1 and sites[0].startswith("state.py:"), sites
+    assert len(sites) == 1 and sites[0].startswith("rule.py:"), sites
 
 
 def test_no_module_touches_another_objects_private_members() -> None:
@@ -185,7 +185,7 @@ def test_loss_scale_mirror_follows_keras_loss_scale_optimizer(compiled: bool) ->
 
 
 def test_saved_micro_step_reads_the_pending_count_from_saved_values():
-    from accumcore.state import saved_micro_step
+    from accumcore.layout import saved_micro_step
 
     state = ac.AccumulationState(3)
     state.build([tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros(2))])

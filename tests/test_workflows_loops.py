@@ -26,8 +26,8 @@ from helpers import (
 
 import accumcore as ac
 from accumcore.checkpointing import ResumableLoop
+from accumcore.inputs import array_dataset
 from accumcore.lab.experiments import get_weights, relative_error
-from accumcore.loops import array_dataset
 
 MICRO, K = 8, 3
 MODES = ("eager", "function", "graph")

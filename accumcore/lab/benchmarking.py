@@ -63,7 +63,11 @@ Tracing
 
 from __future__ import annotations
 
+import ast
+import io
 import json
+import pathlib
+import tokenize
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -71,6 +75,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import accumcore
 from accumcore.lab import experiments
 from accumcore.lab.data import load_mnist
 from accumcore.loops import AccumTrainer
@@ -420,6 +425,109 @@ def _median(results: dict, model: str, b: int, k: int | None, config: str) -> fl
         ):
             return rec["median"]
     return None
+
+
+def _best(results: dict, model: str, b: int, k: int | None, config: str) -> float | None:
+    """The fastest repeat of a configuration (samples/s): interference only slows a run."""
+    for rec in results.get("throughput", []):
+        if (rec["model"], rec["micro_batch"], rec["config"]) == (model, b, config) and (
+            config in K_INDEPENDENT or rec["accum_steps"] == k
+        ):
+            return max(rec["samples_per_s"]) if rec.get("samples_per_s") else None
+    return None
+
+
+#: Issue 19's speed targets: (name, numerator, denominator, models, threshold in its headline
+#: cell (mlp b=16 K=4), threshold in every other cell of those models).
+LEAN_SPEED_TARGETS = (
+    ("AccumModel.fit / Keras gradient_accumulation_steps", "accum_fit", "keras_ga",
+     ("mlp", "conv"), 1.0, 0.95),
+    ("AccumModel.fit / Keras gradient_accumulation_steps, large steps_per_execution",
+     "accum_fit_spe", "keras_ga_spe", ("mlp", "conv"), 1.0, 0.95),
+    ("graph loop / minimal accumulator", "loop_graph", "minimal_graph", ("mlp",), 0.95, 0.95),
+)
+#: The cell where issue 19's headline thresholds apply.
+LEAN_HEADLINE_CELL = ("mlp", 16, 4)
+
+
+def lean_targets(results: dict) -> list[dict[str, Any]]:
+    """Issue 19's targets against ``results``: one record per check.
+
+    Speed: for each ratio of :data:`LEAN_SPEED_TARGETS` and each cell, the best-of-N ratio
+    (fastest repeat over fastest repeat; the repeats are interleaved, and interference only
+    ever slows a run) beside the ratio of the medians; decided on the best-of-N ratio.
+    Graph operations: ``AccumModel.fit``'s ``train_step`` against Keras's accumulating one.
+    Code size: :func:`code_size` as recorded in ``results["code"]``.
+    Keys: ``target``, ``cell``, ``best``, ``median``, ``threshold``, ``met``.
+    """
+    rows: list[dict[str, Any]] = []
+    for name, num, den, models, headline, other in LEAN_SPEED_TARGETS:
+        for model, b, k in throughput_cells(results):
+            if model not in models:
+                continue
+            best_n, best_d = _best(results, model, b, k, num), _best(results, model, b, k, den)
+            med_n, med_d = _median(results, model, b, k, num), _median(results, model, b, k, den)
+            if not (best_n and best_d):
+                continue
+            threshold = headline if (model, b, k) == LEAN_HEADLINE_CELL else other
+            ratio = best_n / best_d
+            rows.append({"target": name, "cell": f"{model} b={b} K={k}", "best": ratio,
+                         "median": med_n / med_d if med_n and med_d else None,
+                         "threshold": threshold, "met": ratio >= threshold})
+    ops = {(r["model"], r["entry"]): r["ops"] for r in results.get("ops") or []}
+    for model in sorted({m for m, _ in ops}):
+        mine = ops.get((model, "AccumModel.fit train_step"))
+        keras_ga = ops.get((model, "keras.Model.fit train_step, gradient_accumulation_steps=K"))
+        if mine and keras_ga:
+            rows.append({"target": "train_step graph operations <= Keras's accumulating one",
+                         "cell": f"{model}: {mine} vs {keras_ga}", "best": mine / keras_ga,
+                         "median": None, "threshold": 1.0, "met": mine <= keras_ga})
+    code = results.get("code")
+    if code:
+        for key, label, limit in (("largest_class", "largest class (lines)", 299),
+                                  ("longest_function", "longest function (lines)", 60),
+                                  ("code_lines", "library code lines", 2651)):
+            value, where = code[key]
+            rows.append({"target": label, "cell": where, "best": value, "median": None,
+                         "threshold": limit, "met": value <= limit})
+    return rows
+
+
+def code_size(package_dir: str | None = None) -> dict[str, Any]:
+    """Sizes of the library's source (``accumcore/`` without ``lab/``): issue 19's targets.
+
+    Returns ``{"largest_class": (lines, "file:Class"), "longest_function": (lines,
+    "file:function"), "code_lines": (n, "N files")}``: classes and functions by their line
+    span (docstrings included); code lines without docstrings, comments and blank lines.
+    """
+    root = pathlib.Path(package_dir or pathlib.Path(accumcore.__file__).parent)
+    files = sorted(p for p in root.rglob("*.py") if "lab" not in p.relative_to(root).parts)
+    classes, functions, lines = [(0, "")], [(0, "")], 0
+    for path in files:
+        source = path.read_text()
+        docstrings: set[int] = set()
+        for node in ast.walk(ast.parse(source)):
+            body = getattr(node, "body", None)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                 ast.AsyncFunctionDef)) and body and isinstance(
+                    body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and isinstance(
+                    body[0].value.value, str):
+                docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+            span = (getattr(node, "end_lineno", 0) or 0) - getattr(node, "lineno", 0) + 1
+            where = f"{path.relative_to(root.parent)}:{getattr(node, 'name', '')}"
+            if isinstance(node, ast.ClassDef):
+                classes.append((span, where))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                functions.append((span, where))
+        code: set[int] = set()
+        skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+                tokenize.DEDENT, tokenize.ENDMARKER)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type not in skip:
+                code.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in docstrings)
+        lines += len(code)
+    return {"largest_class": max(classes), "longest_function": max(functions),
+            "code_lines": (lines, f"{len(files)} files")}
 
 
 def throughput_cells(results: dict) -> list[tuple[str, int, int]]:
