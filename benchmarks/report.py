@@ -162,7 +162,9 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
              "beside it; the headline cell (mlp b=16 K=4) must reach the first threshold, every "
              "other cell 0.95. Sizes are of `accumcore/` without `lab/`: classes and functions "
              "by line span (docstrings included), code lines without docstrings, comments or "
-             "blank lines.", "",
+             "blank lines. What the per-micro-batch NaN/Inf check (which Keras does not have) "
+             "costs `fit`, side by side with and without it: `python "
+             "benchmarks/nonfinite_cost.py`; its graph operations: `tests/test_hot_path.py`.", "",
              "| target | cell | value (best of N) | median ratio | threshold | met |",
              "|---|---|---|---|---|---|"]
     for r in rows:

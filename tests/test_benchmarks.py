@@ -359,6 +359,17 @@ def test_lean_targets_decide_on_the_best_of_n_and_report_the_median():
     assert rows[("library code lines", "3 files")]["met"] is True
 
 
+def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
+    import nonfinite_cost  # benchmarks/ is on sys.path (see `suite` above)
+
+    admit = ac.nonfinite.NonFiniteGuard.admit
+    ratios = nonfinite_cost.measure(spe=1, rounds=1, samples=128)
+    assert set(ratios) == set(nonfinite_cost.KINDS)
+    assert ratios["keras_ga"]["best"] == pytest.approx(1.0)
+    assert all(r["best"] > 0 and r["samples_per_s"] > 0 for r in ratios.values())
+    assert ac.nonfinite.NonFiniteGuard.admit is admit  # the shipped check is back
+
+
 def test_code_size_measures_spans_and_code_lines(tmp_path):
     package = tmp_path / "pkg"
     (package / "lab").mkdir(parents=True)

@@ -1,0 +1,88 @@
+"""What the per-micro-batch non-finite check costs ``AccumModel.fit``, against Keras's own
+accumulation, side by side in one process.
+
+Usage (repository root, the project's venv):
+
+    python benchmarks/nonfinite_cost.py                      # steps_per_execution 1 and 32
+    python benchmarks/nonfinite_cost.py --spe 32 --rounds 9
+
+Three ``fit`` configurations on the benchmark MLP (784-256-256-10, Adam 1e-3, b=16, K=4,
+synthetic data): Keras's ``gradient_accumulation_steps=K``, ``AccumModel`` as shipped, and
+``AccumModel`` traced with the guard's decision replaced by the bare add (no NaN/Inf check, no
+freeze branch: what a ``LossScaleOptimizer``'s micro-step runs; never do this to train). Each
+round times one epoch of every configuration, in a rotating order; the best-of-N ratio to
+Keras (interference only slows a run) is printed beside the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+
+import accumcore  # noqa: E402
+from accumcore import nonfinite  # noqa: E402
+from accumcore.lab import benchmarking as bm  # noqa: E402
+
+KINDS = ("keras_ga", "accumcore", "accumcore_unchecked")
+
+
+def _model(kind: str, spe: int, x, y) -> keras.Model:
+    """A compiled, warmed-up model of ``kind`` (traced while the check is removed, if asked)."""
+    if kind == "keras_ga":
+        model = bm.build_model("mlp")
+        optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=4)
+    else:
+        model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=4)
+        optimizer = keras.optimizers.Adam(1e-3)
+    model.compile(optimizer, bm.LOSS, jit_compile=False, steps_per_execution=spe)
+    admit = nonfinite.NonFiniteGuard.admit
+    if kind == "accumcore_unchecked":
+        nonfinite.NonFiniteGuard.admit = (
+            lambda self, policy, grads, weight, add, skip, where: add())
+    try:
+        for _ in range(2):  # trace, then TensorFlow's own warm-up
+            model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+    finally:
+        nonfinite.NonFiniteGuard.admit = admit
+    return model
+
+
+def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, float]]:
+    """``{kind: {"best": ratio, "median": ratio, "samples_per_s": best rate}}``: each kind's
+    throughput over Keras's (best-of-``rounds`` and median ratios)."""
+    x, y = bm.benchmark_data("mlp", samples, "synthetic")
+    models = {kind: _model(kind, spe, x, y) for kind in KINDS}
+    seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for r in range(rounds):
+        for kind in KINDS[r % 3:] + KINDS[:r % 3]:
+            start = time.perf_counter()
+            models[kind].fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            seconds[kind].append(time.perf_counter() - start)
+    keras_best, keras_median = min(seconds["keras_ga"]), statistics.median(seconds["keras_ga"])
+    return {kind: {"best": keras_best / min(t), "median": keras_median / statistics.median(t),
+                   "samples_per_s": samples / min(t)} for kind, t in seconds.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spe", type=int, action="append",
+                        help="steps_per_execution (repeatable; default 1 and 32)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds")
+    args = parser.parse_args(argv)
+    for spe in args.spe or [1, 32]:
+        for kind, r in measure(spe, args.rounds).items():
+            print(f"steps_per_execution={spe:<3d} {kind:20s} best-of-{args.rounds} "
+                  f"{r['best']:.3f} x Keras, median {r['median']:.3f} x "
+                  f"({r['samples_per_s']:,.0f} samples/s at best)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
