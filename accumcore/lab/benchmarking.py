@@ -437,8 +437,9 @@ def _best(results: dict, model: str, b: int, k: int | None, config: str) -> floa
     return None
 
 
-#: Issue 19's speed targets: (name, numerator, denominator, models, threshold in its headline
-#: cell (mlp b=16 K=4), threshold in every other cell of those models).
+#: The speed targets of issue 19, one tuple each (name, numerator configuration, denominator
+#: configuration, models, the threshold in the headline cell mlp b=16 K=4, the threshold in
+#: every other cell of those models).
 LEAN_SPEED_TARGETS = (
     ("AccumModel.fit / Keras gradient_accumulation_steps", "accum_fit", "keras_ga",
      ("mlp", "conv"), 1.0, 0.95),
