@@ -154,12 +154,6 @@ class MicroBatchResult(NamedTuple):
     y_pred: Any  # the model's outputs, for metrics
 
 
-def _constant_for_gradients(weight: tf.Tensor) -> tf.Tensor:
-    """``weight`` with its gradient stopped (once: a weight read from a loss already is)."""
-    op = None if tf.executing_eagerly() else getattr(weight, "op", None)
-    return weight if op is not None and op.type == "StopGradient" else tf.stop_gradient(weight)
-
-
 def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
     """``factor * grad`` for a dense gradient, ``tf.IndexedSlices`` or ``None``."""
     if grad is None:
@@ -205,8 +199,9 @@ def summed_loss_gradients(
         with recording() as denominators:
             y_pred = model(x, training=True)
             loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
-        weight = _constant_for_gradients(
-            micro_batch_weight(normalizer, denominators, x, y, sample_weight, y_pred, samples))
+        # A constant to the tape (micro_batch_weight stops what could carry a gradient).
+        weight = micro_batch_weight(normalizer, denominators, x, y, sample_weight, y_pred,
+                                    samples)
         factor = replica_loss_factor()
         if factor != 1.0:
             loss = loss * factor

@@ -406,6 +406,9 @@ def micro_batch_weight(
 ) -> tf.Tensor:
     """``c_i`` of one micro-batch (float32 scalar), from the denominators its losses reported.
 
+    The weight is a constant to a gradient tape: a loss's denominator is recorded with its
+    gradient stopped, a count of samples has none, and the other sources are stopped here.
+
     Args:
         normalizer: ``"auto"`` (the losses' own denominator), ``"samples"``,
             ``"sample_weight"`` (each checked against the losses' denominators), ``"sum"``
@@ -422,7 +425,7 @@ def micro_batch_weight(
             losses' denominators contradict.
     """
     if callable(normalizer):
-        return tf.cast(normalizer(x, y, sample_weight), tf.float32)
+        return tf.stop_gradient(tf.cast(normalizer(x, y, sample_weight), tf.float32))
     samples = tf.cast(samples, tf.float32)
     if normalizer == "sum":
         return samples
@@ -433,7 +436,7 @@ def micro_batch_weight(
             "function returning a scalar)")
         if not known:
             if normalizer == "sample_weight" and sample_weight is not None:
-                return tf.reduce_sum(tf.cast(sample_weight, tf.float32))
+                return tf.stop_gradient(tf.reduce_sum(tf.cast(sample_weight, tf.float32)))
             return samples
     record = _the_denominator(normalizer, known)
     return samples if normalizer == "samples" else record.value
