@@ -418,23 +418,26 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
 
 
 # ---------------------------------------------------------------------------- analysis
-def _median(results: dict, model: str, b: int, k: int | None, config: str) -> float | None:
+def _throughput_record(results: dict, model: str, b: int, k: int | None,
+                       config: str) -> dict | None:
+    """The throughput record of ``config`` in the cell (model, b, K), if measured."""
     for rec in results.get("throughput", []):
         if (rec["model"], rec["micro_batch"], rec["config"]) == (model, b, config) and (
             config in K_INDEPENDENT or rec["accum_steps"] == k
         ):
-            return rec["median"]
+            return rec
     return None
+
+
+def _median(results: dict, model: str, b: int, k: int | None, config: str) -> float | None:
+    rec = _throughput_record(results, model, b, k, config)
+    return None if rec is None else rec["median"]
 
 
 def _best(results: dict, model: str, b: int, k: int | None, config: str) -> float | None:
     """The fastest repeat of a configuration (samples/s): interference only slows a run."""
-    for rec in results.get("throughput", []):
-        if (rec["model"], rec["micro_batch"], rec["config"]) == (model, b, config) and (
-            config in K_INDEPENDENT or rec["accum_steps"] == k
-        ):
-            return max(rec["samples_per_s"]) if rec.get("samples_per_s") else None
-    return None
+    rec = _throughput_record(results, model, b, k, config)
+    return max(rec["samples_per_s"]) if rec and rec.get("samples_per_s") else None
 
 
 #: The speed targets of issue 19, one tuple each (name, numerator configuration, denominator
