@@ -17,37 +17,19 @@ every K-th call, with the mean gradient of the last K batches.
 
 from __future__ import annotations
 
-import inspect
-import warnings
-import weakref
 from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from accumcore import compat, entry
-from accumcore.config import (
-    check_optimizer,
-    check_settings,
-    warn_if_float16_without_loss_scaling,
-)
-from accumcore.core import (
-    batch_size_of,
-    replica_loss_factor,
-    resolve_normalizer,
-    summed_loss_gradients,
-)
+from accumcore import compat, entry, model_protocol
+from accumcore.config import check_settings
+from accumcore.core import batch_size_of, replica_loss_factor, summed_loss_gradients
 from accumcore.denominators import counted, uncounted
-from accumcore.layout import saved_micro_step
 from accumcore.loss_scaling import is_loss_scale_optimizer
 from accumcore.nonfinite import NONFINITE, NonFinitePolicy
 from accumcore.state import AccumulationState
-
-_CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
-# Key under which get_compile_config() carries the accumulation settings (see there).
-_COMPILE_KEY = "accumcore_accumulation"
 
 
 class _ScalarMean(keras.metrics.Mean):
@@ -123,67 +105,6 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._raise_if_nonfinite()
 
 
-# Keras's functional-model class comes from compat.functional_model_class() (found without
-# building a model: no model is built at import).
-_FUNCTIONAL_VARIANTS: dict[type, type] = {}
-
-
-def _keras_keywords(functional: bool) -> tuple[str, ...]:
-    """Keyword arguments ``keras.Model.__init__`` uses (read in Keras 3.10 and 3.15).
-
-    Functional form: ``Functional.__init__(inputs, outputs, name=None, **kwargs)`` pops
-    ``trainable`` and silently ignores every other keyword. Subclassed form: the keywords of
-    ``keras.layers.Layer.__init__`` (read from its signature) plus ``input_shape`` /
-    ``input_dim``, which it also pops (it rejects anything else itself, with a ValueError).
-    """
-    if functional:
-        return ("inputs", "outputs", "name", "trainable")
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names = [p.name for p in inspect.signature(keras.layers.Layer.__init__).parameters.values()
-             if p.kind in kinds and p.name != "self"]
-    return tuple(dict.fromkeys([*names, "input_shape", "input_dim"]))
-
-
-class _AccumulationStore(keras.layers.Layer):
-    """Saves and loads an ``AccumModel``'s accumulation state under its own path in the file.
-
-    Keras's weight files give every object a path; a model's own path holds only its own
-    variables (none for a Functional model). Keeping the accumulation state under this child
-    path (``_accumulation_store/vars``) instead of the model's own path means that
-    ``load_weights`` into a plain ``keras.Model`` with the same layers (serving) finds exactly
-    the variables it expects and ignores this entry, while an ``AccumModel`` restores its
-    half-full window from it. It is not tracked as a layer (not in ``model.layers`` or
-    ``model.weights``); ``tf.train.Checkpoint`` tracks ``model.accumulation`` directly.
-    """
-
-    def __init__(self, save: Callable[[], list], restore: Callable[[list], None]) -> None:
-        """``save()`` returns the values to write; ``restore(values)`` loads them (bound
-        methods of the model, held weakly)."""
-        super().__init__(name="accumulation_store", trainable=False)
-        # Weak references, untracked: Keras's saving walks this layer's attributes, and a
-        # strong one would lead it back to the model (a cycle); no tracking either.
-        object.__setattr__(self, "_save", weakref.WeakMethod(save))
-        object.__setattr__(self, "_restore", weakref.WeakMethod(restore))
-        self.built = True
-
-    def save_own_variables(self, store) -> None:
-        for i, value in enumerate(self._save()()):
-            store[str(i)] = value
-
-    def load_own_variables(self, store) -> None:
-        keys = list(store.keys()) if store is not None else []
-        if keys:
-            # numpy arrays: Keras 3.10 hands over h5py datasets, 3.15 arrays
-            self._restore()([np.asarray(store[str(i)]) for i in range(len(keys))])
-
-
-def _is_functional_call(args: tuple, kwargs: dict) -> bool:
-    """Same rule as Keras: ``(inputs, outputs)`` positionally or by keyword."""
-    return len(args) == 2 or (len(args) == 1 and "outputs" in kwargs) or (
-        "inputs" in kwargs and "outputs" in kwargs
-    )
-
-
 @keras.saving.register_keras_serializable(package="accumcore")
 class AccumModel(keras.Model):
     """A ``keras.Model`` whose ``fit`` accumulates ``accum_steps`` micro-batches per update.
@@ -229,23 +150,8 @@ class AccumModel(keras.Model):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        # Called functionally, Keras would rewrite this class's bases to include Functional,
-        # permanently, which breaks later *subclassing* of AccumModel in the same process. Build
-        # the functional form as a separate subclass (cls + Functional) instead.
-        functional = compat.functional_model_class()
-        if _is_functional_call(args, kwargs) and not issubclass(cls, functional):
-            if cls not in _FUNCTIONAL_VARIANTS:
-                variant = type(
-                    cls.__name__, (cls, functional),
-                    {"__module__": cls.__module__, "__qualname__": cls.__qualname__},
-                )
-                registered = keras.saving.get_registered_name(cls)
-                if ">" in registered:  # saved and loaded under the class's registered name
-                    package, name = registered.split(">", 1)
-                    keras.saving.register_keras_serializable(package, name)(variant)
-                _FUNCTIONAL_VARIANTS[cls] = variant
-            cls = _FUNCTIONAL_VARIANTS[cls]
-        return super().__new__(cls, *args, **kwargs)
+        # The functional form is a subclass of its own (model_protocol.model_class).
+        return super().__new__(model_protocol.model_class(cls, args, kwargs), *args, **kwargs)
 
     def __init__(
         self,
@@ -257,14 +163,7 @@ class AccumModel(keras.Model):
         **kwargs: Any,
     ) -> None:
         functional = compat.functional_model_class()
-        keras_keywords = _keras_keywords(isinstance(self, functional))
-        unknown = [k for k in kwargs if k not in keras_keywords]
-        if unknown:
-            raise TypeError(
-                f"AccumModel got unexpected keyword argument(s) {', '.join(unknown)}; valid "
-                f"keywords: {', '.join((*_CONFIG_KEYS, *keras_keywords))}. (K, the number of "
-                "micro-batches per optimizer update, is `accum_steps`.)"
-            )
+        model_protocol.check_keywords(kwargs, isinstance(self, functional))
         if isinstance(self, functional):
             # What keras.Model.__init__ does for functional arguments, minus rewriting the class
             # hierarchy: the trainer's own state, then the functional graph.
@@ -280,9 +179,7 @@ class AccumModel(keras.Model):
         self._accum_normalizer = self.normalizer  # resolved from the loss by build_accumulation
         self._accum_loss_tracker = _ScalarMean(name="loss")
         # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
-        object.__setattr__(self, "_accumulation_store", _AccumulationStore(
-            self._accumulation_values_to_save, self._restore_accumulation
-        ))
+        object.__setattr__(self, "_accumulation_store", model_protocol.AccumulationStore(self))
 
     # ------------------------------------------------------------------ config
     @property
@@ -313,32 +210,15 @@ class AccumModel(keras.Model):
                 setattr(self, name, value)
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        if callable(self.normalizer):
-            raise ValueError(
-                "An AccumModel with a callable `normalizer` cannot be serialised; pass "
-                "normalizer='auto', 'samples' or 'sample_weight', or re-create the model in code."
-            )
-        if not isinstance(self.nonfinite, str):
-            raise ValueError(
-                f"An AccumModel with a custom NonFinitePolicy ({self.nonfinite.name!r}) cannot "
-                "be serialised; pass nonfinite='raise', 'skip_micro_batch' or 'skip_window', "
-                "or re-create the model in code."
-            )
-        config.update(self._settings())
-        return config
+        return {**super().get_config(), **model_protocol.config_settings(self)}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects: dict | None = None) -> AccumModel:
-        config = dict(config)
-        extra = {k: config.pop(k) for k in _CONFIG_KEYS if k in config}
+        config, settings = model_protocol.split_config(config)
         model = super().from_config(config, custom_objects=custom_objects)
-        if extra:
-            model.set_accumulation(**extra)
+        if settings:
+            model.set_accumulation(**settings)
         return model
-
-    def _settings(self) -> dict:
-        return {k: getattr(self, k) for k in _CONFIG_KEYS}
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``keras.Model.compile``, with every loss wrapped so that it reports what it divides
@@ -364,23 +244,11 @@ class AccumModel(keras.Model):
         calls ``clone.compile_from_config(model.get_compile_config())`` if ``model`` is
         compiled: carrying the settings here is how such a clone keeps K and the policies.
         """
-        config = super().get_compile_config()
-        if config is not None:
-            config = {**config, _COMPILE_KEY: self._settings()}
-        return config
+        return model_protocol.with_settings(super().get_compile_config(), self)
 
     def compile_from_config(self, config: dict) -> None:
         """Keras's ``compile_from_config``, then the settings of :meth:`get_compile_config`."""
-        config = dict(config)
-        settings = config.pop(_COMPILE_KEY, None)
-        # What keras.Model.compile_from_config does (Keras 3.10-3.15), which skips a
-        # `compile` that a subclass overrides, as AccumModel does (to count the losses).
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(**config)
-        if getattr(self, "optimizer", None) is not None and self.built:
-            self.optimizer.build(self.trainable_variables)
-        if settings:
-            self.set_accumulation(**settings)
+        model_protocol.compile_from_config(self, config)
 
     def set_accumulation(
         self,
@@ -413,33 +281,6 @@ class AccumModel(keras.Model):
         """True while the model has no variables yet (an unbuilt subclass)."""
         return not self.built or not self.variables
 
-    def _check_trainable(self) -> bool:
-        """Whether there is anything to train; warns (as ``keras.Model.fit`` does) if not.
-
-        Raises:
-            ValueError: if a partial window is pending while the model has no trainable
-                variables left (the pending gradients belong to variables now frozen).
-        """
-        if self.trainable_variables:
-            return True
-        if self.accumulation.pending_micro_batches():
-            raise ValueError(
-                "The model has no trainable variables now, but a partial window of "
-                f"{self.accumulation.pending_micro_batches()} micro-batch(es) is pending from "
-                "before they were frozen: call `model.flush()` before freezing "
-                "(`model.trainable = False`), or unfreeze the model."
-            )
-        warnings.warn(
-            f"AccumModel {self.name!r} has no trainable variables (`model.trainable = False`, "
-            "or every layer frozen): there is nothing to train, so this `fit` only computes the "
-            "loss and metrics, as keras.Model.fit does (\"The model does not have any "
-            "trainable weights\"). To train, set `model.trainable = True` (or unfreeze some "
-            "layers), then `compile` again.",
-            UserWarning,
-            stacklevel=3,
-        )
-        return False
-
     def build_accumulation(self) -> None:
         """Create the accumulators (called by ``fit`` once model and optimizer are built).
 
@@ -447,83 +288,19 @@ class AccumModel(keras.Model):
         ``compile``), the accumulators follow the trainable set (fine-tuning: freeze, ``fit``,
         unfreeze, ``compile``, ``fit``) and the normaliser follows the compiled loss's
         reduction. Without ``compile`` Keras keeps training the set it traced, and so does
-        accumcore.
+        accumcore (:func:`accumcore.entry.prepare_model`).
         """
-        if self.accum_steps is None:
-            raise ValueError(
-                "AccumModel was created without `accum_steps` (K, the number of micro-batches "
-                "per optimizer update), so it would silently train with K = 1. Pass it when "
-                "creating the model (`AccumModel(inputs, outputs, accum_steps=4)`; "
-                "`accum_steps=1` for no accumulation) or call "
-                "`model.set_accumulation(accum_steps=K)`. (keras.models.clone_model of an "
-                "*uncompiled* AccumModel cannot pass the settings on: set them on the clone.)"
-            )
-        if self._needs_build():
-            raise ValueError(
-                "The model is not built, so accumcore cannot create its accumulators. Give it "
-                "an input shape (keras.Input, `model.build(input_shape)`) or call it once "
-                "(`fit` and `train_on_batch` build it on the first batch)."
-            )
-        if not self.trainable_variables:
-            raise ValueError(
-                "The model has no trainable variables (`model.trainable = False`, or every "
-                "layer frozen): there is nothing to accumulate. Set `model.trainable = True` "
-                "(or unfreeze some layers) and `compile` again."
-            )
-        if self.optimizer is not None:
-            check_optimizer(self.optimizer)
-            warn_if_float16_without_loss_scaling(self, self.optimizer)
-        state = self.accumulation
-        retrace = getattr(self, "train_function", None) is None
-        if state.built and not retrace:
-            return  # the traced step keeps its trainable set and normaliser (as Keras)
-        normalizer = resolve_normalizer(self.normalizer, getattr(self, "loss", None))
-        if state.built and normalizer != self._accum_normalizer and (
-                state.pending_micro_batches()):
-            raise ValueError(
-                "The compiled loss needs another normaliser than the pending window was "
-                "accumulated with: call `model.flush()` before `compile`-ing a loss "
-                "with another reduction."
-            )
-        strategy = self.distribute_strategy
-        with strategy.scope():  # follows a changed trainable set
-            entry.prepare(state, self, normalizer,
-                          distributed=strategy.num_replicas_in_sync > 1)
-        self._accum_normalizer = normalizer
-
-    def _build_optimizer(self) -> None:
-        if self.optimizer is not None and not self.optimizer.built:
-            # Before tracing: a LossScaleOptimizer's `scale_loss` must read its loss-scale
-            # variable in the traced step, not the constant initial scale of an unbuilt one.
-            with self.distribute_strategy.scope():
-                self.optimizer.build(self.trainable_variables)
+        entry.prepare_model(self)
 
     def make_train_function(self, force: bool = False):
         if self.accum_steps is None:
             self.build_accumulation()  # raises, naming `accum_steps`
         # An unbuilt subclass is built in the first traced step instead, from the first batch
-        # (`_build_on_first_batch`), as keras.Model.fit builds a plain subclass.
-        if not self._needs_build() and self._check_trainable():
+        # (`entry.build_on_first_batch`), as keras.Model.fit builds a plain subclass.
+        if not self._needs_build() and entry.check_trainable(self):
             self.build_accumulation()
-            self._build_optimizer()
+            entry.build_optimizer(self)
         return super().make_train_function(force)
-
-    def _build_on_first_batch(self, x) -> None:
-        """Build model, accumulators and optimizer from the first batch's shapes, eagerly.
-
-        Runs in the first trace of the train step for a model ``fit`` could not build before
-        tracing (an unbuilt subclass): the model is called once on ``keras.KerasTensor`` s with
-        the batch's shapes and dtypes (symbolic: no data, no state update), and every variable
-        is created outside the graph (``tf.init_scope``).
-        """
-        def spec(t):
-            return keras.KerasTensor(tuple(t.shape), dtype=tf.as_dtype(t.dtype).name)
-
-        with tf.init_scope():
-            self(tf.nest.map_structure(spec, x), training=False)
-            if self._check_trainable():
-                self.build_accumulation()
-                self._build_optimizer()
 
     def fit(self, *args: Any, **kwargs: Any):
         """``keras.Model.fit``, with :class:`WindowFlushCallback` added first."""
@@ -549,7 +326,7 @@ class AccumModel(keras.Model):
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if self._needs_build():
-            self._build_on_first_batch(x)
+            entry.build_on_first_batch(self, x)
         if not self.trainable_variables:  # nothing to train: loss and metrics only, as Keras
             return self._forward_step(x, y, sample_weight, training=True)
         out = summed_loss_gradients(
@@ -616,37 +393,3 @@ class AccumModel(keras.Model):
         done (:func:`accumcore.entry.end_epoch`)."""
         return entry.end_epoch(self.accumulation, self.end_of_epoch, self.optimizer,
                                self.trainable_variables, epoch)
-
-    # ------------------------------------------------------------------ saving
-    def _accumulation_values_to_save(self) -> list:
-        """The accumulation state's values, for ``_AccumulationStore`` (empty: nothing to save)."""
-        if not self.accumulation.built:
-            if self._needs_build() or not self.trainable_variables or self.accum_steps is None:
-                return []
-            self.build_accumulation()  # zeros: a file always restores a clean window
-        return [v.numpy() for v in self.accumulation.variables_for_saving()]
-
-    def _restore_accumulation(self, values: list) -> None:
-        """Load saved accumulation-state values (from ``_AccumulationStore`` or an old file)."""
-        if not self.trainable_variables:
-            pending = saved_micro_step(values)
-            if pending:
-                raise ValueError(
-                    f"The saved accumulation state holds a partial window of {pending} "
-                    "micro-batch(es), but this model has no trainable variables to apply it "
-                    "to: unfreeze the model before loading, or save after `flush()`."
-                )
-            return  # an empty window: nothing to restore into a frozen model
-        if self.optimizer is not None:
-            check_optimizer(self.optimizer)
-        with self.distribute_strategy.scope():
-            entry.prepare(self.accumulation, self)
-        variables = self.accumulation.variables_for_saving()
-        if len(values) != len(variables):
-            raise ValueError(
-                f"Saved accumulation state has {len(values)} entries, this model needs "
-                f"{len(variables)}: the file was saved from a different architecture (or with "
-                "a different set of trainable variables)."
-            )
-        for v, value in zip(variables, values, strict=True):
-            v.assign(value)
