@@ -1,5 +1,9 @@
 """The non-finite guard: what a micro-batch with NaN or Inf in its gradient does to the window.
 
+A micro-batch is flagged when an element of its gradient is NaN or Inf (or its weight is), or
+when one variable's gradient sums beyond the float range (``|sum| > 3.4e38`` in float32, a
+gradient that large is overflow in all but name): the check is one sum per gradient
+(:func:`~accumcore.nonfinite.element_sum`), with no per-element pass.
 A :class:`~accumcore.NonFinitePolicy` says what happens (skip the micro-batch, skip its window,
 or freeze the state and raise from Python); its skip decision is injected, as optax's
 ``MultiSteps(should_skip_update_fn=...)``. A :class:`NonFiniteGuard` holds the state a freeze
@@ -30,14 +34,41 @@ def finite(tensor, axes: dict | None = None) -> tf.Tensor:
     """
     values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
     flags = tf.math.is_finite(values)
-    rank = flags.shape.rank
-    if rank == 0:
-        return flags
+    return tf.reduce_all(flags, axis=_axes(flags, axes)) if flags.shape.rank != 0 else flags
+
+
+def element_sum(tensor, axes: dict | None = None) -> tf.Tensor:
+    """Float scalar: the sum of the elements of one (dense or IndexedSlices) tensor, in one
+    pass; 16-bit floats are summed in float32.
+
+    NaN and Inf propagate through a sum, so a finite sum proves every element finite; a
+    non-finite one means a NaN or Inf, or elements whose sum overflows the float range
+    (``|sum| > 3.4e38`` in float32). :meth:`NonFiniteGuard.admit` flags both: a gradient
+    that large is overflow in all but name. ``axes``: a dict ``rank -> reduction axes`` shared
+    by the calls of one graph (one constant per rank).
+    """
+    values = tensor.values if isinstance(tensor, tf.IndexedSlices) else tensor
+    if values.dtype in (tf.float16, tf.bfloat16):
+        values = tf.cast(values, tf.float32)
+    return tf.reduce_sum(values, axis=_axes(values, axes)) if values.shape.rank != 0 else values
+
+
+def finite_each(scalars: Sequence[tf.Tensor]) -> tf.Tensor:
+    """bool vector: which of the float ``scalars`` are finite (one ``IsFinite`` when they
+    share a dtype, as float32 gradient sums and the weight do)."""
+    if len({t.dtype for t in scalars}) == 1:
+        return tf.math.is_finite(tf.stack(scalars))
+    return tf.stack([tf.math.is_finite(t) for t in scalars])
+
+
+def _axes(tensor: tf.Tensor, axes: dict | None):
+    """All of ``tensor``'s axes as one constant shared per rank (``None``: every axis)."""
+    rank = tensor.shape.rank
     if axes is None or rank is None:
-        return tf.reduce_all(flags)
+        return None
     if rank not in axes:
         axes[rank] = tf.constant(list(range(rank)), tf.int32)
-    return tf.reduce_all(flags, axis=axes[rank])
+    return axes[rank]
 
 
 def all_finite(tensors: Sequence) -> tf.Tensor:
@@ -47,8 +78,13 @@ def all_finite(tensors: Sequence) -> tf.Tensor:
 
 
 def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
-    """The default ``should_skip``: bool scalar, any NaN or Inf in ``grads`` or ``weight``."""
-    return tf.logical_not(all_finite([*grads, weight]))
+    """The default ``should_skip``: bool scalar, ``True`` for any NaN or Inf in ``grads`` or
+    ``weight``, or a gradient whose elements sum beyond the float range
+    (:func:`~accumcore.nonfinite.element_sum`: one pass per gradient;
+    :meth:`NonFiniteGuard.admit` computes the same, keeping the per-gradient flags for the
+    diagnosis)."""
+    sums = [element_sum(g) for g in grads if g is not None]
+    return tf.logical_not(tf.reduce_all(finite_each([*sums, tf.cast(weight, tf.float32)])))
 
 
 @dataclass(frozen=True)
@@ -135,11 +171,13 @@ class NonFiniteGuard:
             bool scalar: whether the micro-batch was added.
         """
         present = [(i, g) for i, g in enumerate(grads) if g is not None]
-        flags = None  # per-gradient finiteness, reused by the diagnosis
+        checks = None  # per-gradient finiteness (the weight's last), reused by the diagnosis
         if policy.should_skip is has_nonfinite:
+            # One pass per gradient: its element sum (`element_sum`), all checked at once.
             axes: dict = {}
-            flags = [finite(g, axes) for _, g in present]
-            ok = tf.reduce_all(tf.stack([*flags, finite(weight)]))
+            sums = [element_sum(g, axes) for _, g in present]
+            checks = finite_each([*sums, weight])
+            ok = tf.reduce_all(checks)
         else:
             ok = tf.logical_not(policy.should_skip(grads, weight))
         if not policy.freeze:
@@ -149,20 +187,22 @@ class NonFiniteGuard:
         fresh = recorded < 0  # not frozen
 
         def refuse() -> tf.Tensor:
-            checks = flags if flags is not None else [finite(g) for _, g in present]
-            return self.refuse(checks, [i for i, _ in present], *where(), fresh=fresh,
+            flags = checks if checks is not None else tf.stack(
+                [*(finite(g) for _, g in present), finite(weight)])
+            return self.refuse(flags, [i for i, _ in present], *where(), fresh=fresh,
                                recorded=recorded)
 
         return tf.cond(tf.logical_and(ok, fresh), add, refuse)
 
-    def refuse(self, flags: Sequence[tf.Tensor], indices: Sequence[int],
+    def refuse(self, flags: tf.Tensor, indices: Sequence[int],
                window_position: tf.Tensor, micro_step: tf.Tensor, *,
                fresh: tf.Tensor | None = None, recorded: tf.Tensor | None = None) -> tf.Tensor:
         """The rare branch of a micro-step: a bad micro-batch freezes the state (recording
         where, and its first non-finite gradient), a frozen state counts what it refuses.
 
         Args:
-            flags: per-gradient finiteness (bool scalars), for the gradients present.
+            flags: bool vector, the finiteness of each gradient present, then of the
+                micro-batch weight (``len(indices) + 1`` entries).
             indices: the trainable-variable index of each of those gradients.
             window_position, micro_step: where this micro-batch is (int64 scalars).
             fresh, recorded: whether the state is not frozen yet and its recorded micro-step
@@ -175,9 +215,9 @@ class NonFiniteGuard:
             recorded = self.micro_step.value()
             fresh = recorded < 0
         self.unused.assign_add(tf.cast(tf.logical_not(fresh), tf.int64))
-        # The first offending gradient: its position among `flags`, len(flags) for the weight
+        # The first offending gradient: its position among `flags`, len(indices) for the weight
         # (a trainable-variable index once mapped through `indices`; -1 for the weight).
-        first = tf.argmin(tf.cast(tf.stack([*flags, tf.constant(False)]), tf.int32))
+        first = tf.argmin(tf.cast(flags, tf.int32))
         if list(indices) != list(range(len(indices))):
             first = tf.gather(tf.constant([*indices, -1], tf.int64), first)
         for variable, value, old in ((self.variable, first, None),
@@ -208,7 +248,8 @@ class NonFiniteGuard:
         variable = names[index] if 0 <= index < len(names) else "<micro-batch weight>"
         where = f"epoch {epoch}, " if epoch is not None else ""
         return NonFiniteGradientError(
-            f"Non-finite gradient (NaN or Inf) at {where}micro-step {step} (position {position} "
+            f"Non-finite gradient (NaN or Inf, or elements summing beyond the float range) at "
+            f"{where}micro-step {step} (position {position} "
             f"in its window of {accum_steps}); first offending variable: {variable}. "
             "That micro-batch was not accumulated; the window before it is intact and kept. "
             f"{unused} later micro-batch(es) were seen while the state was frozen and not "

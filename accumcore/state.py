@@ -65,7 +65,8 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what to do with a micro-batch whose gradient contains NaN or Inf:
+        nonfinite: what to do with a micro-batch whose gradient contains NaN or Inf (or
+            sums beyond the float range: :mod:`accumcore.nonfinite`):
             ``"raise"`` (default: freeze the state before that micro-batch and raise
             :class:`~accumcore.NonFiniteGradientError` from the Python side),
             ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),

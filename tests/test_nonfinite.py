@@ -15,6 +15,7 @@ import tensorflow as tf
 from helpers import LOSS, REL_TOL, built_state, reference_weights, small_mlp
 
 import accumcore as ac
+from accumcore import nonfinite
 from accumcore.lab.experiments import get_weights, relative_error
 
 MICRO, K, N = 4, 3, 24
@@ -196,6 +197,31 @@ def test_first_offending_variable_is_the_first_non_finite_one():
     state2.step([tf.zeros_like(v) for v in variables], float("nan"), 4, opt, variables)
     with pytest.raises(ac.NonFiniteGradientError, match="weight"):
         state2.raise_if_nonfinite()
+
+
+def test_a_gradient_summing_beyond_the_float_range_is_flagged_and_16_bit_sums_in_float32():
+    """What "non-finite" means for the one-pass check (`nonfinite.element_sum`): every element
+    of the second gradient is finite (3e37) but its 16 sum to 4.8e38, beyond float32: flagged and
+    named, like a NaN. A float16 gradient whose float16 sum would overflow (1000 x 100 =
+    1e5 > 65504) is summed in float32 and passes. Catches a check that misses overflow, or
+    one that sums 16-bit gradients in their own dtype (false alarms under pure float16)."""
+    model, state, opt = built_state(2)
+    variables = model.trainable_variables
+    grads = [tf.zeros_like(v) for v in variables]
+    assert grads[1].shape.num_elements() * 3e37 > 3.4e38 > 3e37
+    grads[1] = tf.fill(variables[1].shape, 3e37)
+    assert bool(tf.reduce_all(tf.math.is_finite(grads[1])))
+    state.step(grads, 4.0, 4, opt, variables)
+    with pytest.raises(ac.NonFiniteGradientError, match="beyond the float range") as info:
+        state.raise_if_nonfinite()
+    assert info.value.variable == variables[1].path
+    assert int(state.micro_step.numpy()) == 0 and float(state.window_weight.numpy()) == 0.0
+
+    half = tf.fill([1000], tf.constant(100.0, tf.float16))
+    assert not np.isfinite(float(tf.reduce_sum(half)))  # float16's own sum overflows
+    assert float(nonfinite.element_sum(half)) == 1e5
+    assert not bool(nonfinite.has_nonfinite([half], tf.constant(4.0)))
+    assert bool(nonfinite.has_nonfinite([half, tf.constant([np.nan])], tf.constant(4.0)))
 
 
 # ---------------------------------------------------------------------------- no per-batch read

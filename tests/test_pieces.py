@@ -100,9 +100,9 @@ def test_guard_records_the_first_freeze_only_and_clears():
     assert not bool(guard.frozen)
     assert guard.error(["a", "b", "c"], 4) is None
     # variables 0 and 2 have gradients; the one of variable 2 is not finite
-    guard.refuse([tf.constant(True), tf.constant(False)], [0, 2], tf.constant(1, tf.int64),
+    guard.refuse(tf.constant([True, False, True]), [0, 2], tf.constant(1, tf.int64),
                  tf.constant(9, tf.int64))
-    guard.refuse([tf.constant(False), tf.constant(True)], [0, 2], tf.constant(2, tf.int64),
+    guard.refuse(tf.constant([False, True, True]), [0, 2], tf.constant(2, tf.int64),
                  tf.constant(10, tf.int64))  # refused while frozen: counted, not recorded
     error = guard.error(["a", "b", "c"], 4, epoch=3)
     assert (error.micro_step, error.window_position, error.variable) == (9, 1, "c")
