@@ -17,6 +17,7 @@ Keras (interference only slows a run) is printed beside the ratio of the medians
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -27,8 +28,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 
 import accumcore  # noqa: E402
-from accumcore import nonfinite  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import suite  # noqa: E402
 
 KINDS = ("keras_ga", "accumcore", "accumcore_unchecked")
 
@@ -42,15 +45,10 @@ def _model(kind: str, spe: int, x, y) -> keras.Model:
         model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=4)
         optimizer = keras.optimizers.Adam(1e-3)
     model.compile(optimizer, bm.LOSS, jit_compile=False, steps_per_execution=spe)
-    admit = nonfinite.NonFiniteGuard.admit
-    if kind == "accumcore_unchecked":
-        nonfinite.NonFiniteGuard.admit = (
-            lambda self, policy, grads, weight, add, skip, where: add())
-    try:
+    unchecked = kind == "accumcore_unchecked"
+    with suite.without_nonfinite_check() if unchecked else contextlib.nullcontext():
         for _ in range(2):  # trace, then TensorFlow's own warm-up
             model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
-    finally:
-        nonfinite.NonFiniteGuard.admit = admit
     return model
 
 

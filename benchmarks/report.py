@@ -163,8 +163,9 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
              "other cell 0.95. Sizes are of `accumcore/` without `lab/`: classes and functions "
              "by line span (docstrings included), code lines without docstrings, comments or "
              "blank lines. What the per-micro-batch NaN/Inf check (which Keras does not have) "
-             "costs `fit`, side by side with and without it: `python "
-             "benchmarks/nonfinite_cost.py`; its graph operations: `tests/test_hot_path.py`.", "",
+             "costs: the table after this one (and, at steps_per_execution 1 and 32, `python "
+             "benchmarks/nonfinite_cost.py`); its graph operations: `tests/test_hot_path.py`.",
+             "",
              "| target | cell | value (best of N) | median ratio | threshold | met |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -174,6 +175,25 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
             f"≥ {r['threshold']:g}"
         lines.append(f"| {r['target']} | {r['cell']} | {value} | {_fmt(r['median'], 3)} | "
                      f"{bound} | {'yes' if r['met'] else '**no**'} |")
+    return lines + _check_cost_lines(results)
+
+
+def _check_cost_lines(results: dict[str, Any]) -> list[str]:
+    """Why the speed targets are missed, measured: the breakdown with and without the check."""
+    rows = bm.check_cost(results)
+    if not any(r["graph_unchecked"] or r["fit_unchecked"] for r in rows):
+        return []
+    lines = ["", "What the NaN/Inf check costs, measured in the breakdown below (the same "
+             "process, the variants interleaved; best-of-N throughput ratios): each accumcore "
+             "path as shipped and traced without the check (`without_nonfinite_check` in "
+             "`benchmarks/suite.py`, a diagnostic only). The gap the check leaves is the part "
+             "of each missed speed target that the issue's \"with the non-finite check kept\" "
+             "does not allow removing.", "",
+             "| cell | graph loop / minimal | without the check | AccumModel.fit / Keras "
+             "| without the check |", "|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['cell']} | {_fmt(r['graph'], 3)} | {_fmt(r['graph_unchecked'], 3)} "
+                     f"| {_fmt(r['fit'], 3)} | {_fmt(r['fit_unchecked'], 3)} |")
     return lines
 
 
@@ -226,18 +246,21 @@ def _breakdown_section(results: dict[str, Any]) -> list[str]:
         "`mode=\"graph\"` and the floor (8)). `optimizer` is the minimal correct accumulator "
         "(9) of `benchmarks/minimal.py`, its whole-epoch function `minimal_graph` (no checks); "
         "from it to `accumcore` is accumcore's own bookkeeping (NaN/Inf checks, "
-        "further counters, window hooks, per-micro-batch loss records).", "",
+        "further counters, window hooks, per-micro-batch loss records), split by the same loop "
+        "traced without the NaN/Inf check (a diagnostic). The last three rows are `model.fit` "
+        "(one epoch, not one `tf.function`): Keras's own accumulation and `AccumModel` with "
+        "and without the check.", "",
         "| model | variant | samples/s | ms per micro-batch | added ms |",
         "|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in recs):
         prev = None
         for r in (r for r in recs if r["model"] == model):
             ms = r.get("ms_per_micro_batch")
-            added = "" if prev is None or ms is None or r["variant"] == "adam_each" \
-                else f"{ms - prev:+.3f}"
+            reference = r.get("reference", r["variant"] == "adam_each")
+            added = "" if prev is None or ms is None or reference else f"{ms - prev:+.3f}"
             lines.append(f"| {model} b={r['micro_batch']} K={r['accum_steps']} | "
                          f"{r['label']} | {_rate(r['median'])} | {_fmt(ms, 3)} | {added} |")
-            if r["variant"] != "adam_each":
+            if not reference:
                 prev = ms
     return lines
 

@@ -10,6 +10,7 @@ imports; what is measured and how is described in that module's docstring.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -18,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -50,6 +51,7 @@ from accumcore.lab.benchmarking import (
 )
 from accumcore.loops import AccumTrainer
 from accumcore.model import AccumModel
+from accumcore.nonfinite import NonFiniteGuard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from minimal import MinimalAccumulator  # noqa: E402
@@ -533,9 +535,28 @@ BREAKDOWN: dict[str, str] = {
     "floor": "forward+backward only (the floor)",
     "accumulate": "+ assign_add of every gradient into an accumulator",
     "optimizer": "+ Adam once per window (the minimal accumulator)",
+    "accumcore_unchecked": "accumcore AccumTrainer.fit(mode='graph'), NaN/Inf check removed",
     "accumcore": "accumcore AccumTrainer.fit(mode='graph')",
     "adam_each": "reference: Adam after every micro-batch (no accumulation)",
+    "fit_keras_ga": "model.fit, Keras gradient_accumulation_steps=K",
+    "fit_unchecked": "AccumModel.fit, NaN/Inf check removed",
+    "fit_accumcore": "AccumModel.fit",
 }
+#: The breakdown variants that are diagnostics, not ingredients (no "added ms").
+BREAKDOWN_REFERENCES = ("adam_each", "fit_keras_ga", "fit_unchecked", "fit_accumcore")
+
+
+@contextlib.contextmanager
+def without_nonfinite_check() -> Iterator[None]:
+    """Trace accumcore with the non-finite guard's decision replaced by the bare add (what a
+    ``LossScaleOptimizer``'s micro-step runs): what the check costs, measured. A diagnostic
+    only: never train like this."""
+    admit = NonFiniteGuard.admit
+    NonFiniteGuard.admit = lambda self, policy, grads, weight, add, skip, where: add()
+    try:
+        yield
+    finally:
+        NonFiniteGuard.admit = admit
 
 
 def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
@@ -596,20 +617,39 @@ def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
             total += loss
         return total
 
-    trainer = AccumTrainer(build_model(kind, filters=filters),
-                           keras.optimizers.Adam(learning_rate), LOSS, accum_steps=k)
-
     def graph_fn(fn: Callable) -> Callable[[], float]:
         compiled = tf.function(fn)
         return lambda: _timed(lambda: float(compiled(ds)))
+
+    def graph_loop(checked: bool) -> Callable[[], float]:
+        trainer = AccumTrainer(build_model(kind, filters=filters),
+                               keras.optimizers.Adam(learning_rate), LOSS, accum_steps=k)
+        with contextlib.nullcontext() if checked else without_nonfinite_check():
+            trainer.fit(ds, epochs=1, mode="graph", verbose=0)  # traced here, once
+        return lambda: _timed(lambda: trainer.fit(ds, epochs=1, mode="graph", verbose=0))
+
+    def fit(name: str, checked: bool = True) -> Case:
+        if name == "fit_keras_ga":
+            model = build_model(kind, filters=filters)
+            optimizer = keras.optimizers.Adam(learning_rate, gradient_accumulation_steps=k)
+        else:
+            model = build_model(kind, filters=filters, model_cls=AccumModel, accum_steps=k)
+            optimizer = keras.optimizers.Adam(learning_rate)
+        model.compile(optimizer, LOSS, jit_compile=False)
+        with contextlib.nullcontext() if checked else without_nonfinite_check():
+            model.fit(ds, epochs=1, verbose=0)  # traced here, once
+        return _fit_case(name, model, ds, n)
 
     return [
         Case("floor", graph_fn(floor), n),
         Case("accumulate", graph_fn(accumulate), n),
         Case("optimizer", lambda: _timed(lambda: float(minimal.epoch(ds))), n),
-        Case("accumcore", lambda: _timed(lambda: trainer.fit(ds, epochs=1, mode="graph",
-                                                             verbose=0)), n),
+        Case("accumcore_unchecked", graph_loop(checked=False), n),
+        Case("accumcore", graph_loop(checked=True), n),
         Case("adam_each", graph_fn(each), n),
+        fit("fit_keras_ga"),
+        fit("fit_unchecked", checked=False),
+        fit("fit_accumcore"),
     ]
 
 
@@ -629,6 +669,7 @@ def run_breakdown(settings: SuiteSettings, progress: Callable[[str], None] = pri
             ms = (1e3 * b / rec["median"]) if rec["median"] else None
             records.append({"model": kind, "micro_batch": b, "accum_steps": k,
                             "variant": name, "label": BREAKDOWN[name],
+                            "reference": name in BREAKDOWN_REFERENCES,
                             "ms_per_micro_batch": ms, **rec})
         gc.collect()
         keras.backend.clear_session()

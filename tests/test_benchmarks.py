@@ -370,6 +370,29 @@ def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
     assert ac.nonfinite.NonFiniteGuard.admit is admit  # the shipped check is back
 
 
+def test_check_cost_pairs_each_path_with_its_unchecked_twin():
+    """``check_cost`` divides best-of-N rates of the right variants (a swapped pair, or a
+    median instead of the best, gives other numbers)."""
+    def rec(variant, rates):
+        return {"model": "mlp", "micro_batch": 16, "accum_steps": 4, "variant": variant,
+                "samples_per_s": rates}
+    results = {"breakdown": [rec("optimizer", [100.0, 200.0]), rec("accumcore", [150.0, 50.0]),
+                             rec("accumcore_unchecked", [180.0, 10.0]),
+                             rec("fit_keras_ga", [40.0]), rec("fit_accumcore", [30.0])]}
+    (row,) = bm.check_cost(results)
+    assert row["cell"] == "mlp b=16 K=4"
+    assert row["graph"] == pytest.approx(0.75) and row["graph_unchecked"] == pytest.approx(0.9)
+    assert row["fit"] == pytest.approx(0.75) and row["fit_unchecked"] is None
+
+
+def test_without_nonfinite_check_restores_the_check_after_an_error():
+    admit = ac.nonfinite.NonFiniteGuard.admit
+    with pytest.raises(RuntimeError), suite.without_nonfinite_check():
+        assert ac.nonfinite.NonFiniteGuard.admit is not admit
+        raise RuntimeError
+    assert ac.nonfinite.NonFiniteGuard.admit is admit
+
+
 def test_code_size_measures_spans_and_code_lines(tmp_path):
     package = tmp_path / "pkg"
     (package / "lab").mkdir(parents=True)

@@ -497,6 +497,31 @@ def lean_targets(results: dict) -> list[dict[str, Any]]:
     return rows
 
 
+def check_cost(results: dict) -> list[dict[str, Any]]:
+    """What the per-micro-batch NaN/Inf check costs, from the breakdown (one process, the
+    variants interleaved): per breakdown cell, best-of-N throughput ratios with and without
+    the check (``benchmarks/suite.py``'s ``without_nonfinite_check``).
+
+    Keys: ``cell``; ``graph`` and ``graph_unchecked`` (``AccumTrainer.fit(mode="graph")``
+    over the minimal accumulator's whole-epoch function); ``fit`` and ``fit_unchecked``
+    (``AccumModel.fit`` over Keras's ``gradient_accumulation_steps``); ``None`` where a
+    variant was not measured.
+    """
+    by_cell: dict[tuple, dict[str, float]] = {}
+    for rec in results.get("breakdown") or []:
+        if rec.get("samples_per_s"):
+            cell = (rec["model"], rec["micro_batch"], rec["accum_steps"])
+            by_cell.setdefault(cell, {})[rec["variant"]] = max(rec["samples_per_s"])
+    pairs = {"graph": ("accumcore", "optimizer"),
+             "graph_unchecked": ("accumcore_unchecked", "optimizer"),
+             "fit": ("fit_accumcore", "fit_keras_ga"),
+             "fit_unchecked": ("fit_unchecked", "fit_keras_ga")}
+    return [{"cell": f"{model} b={b} K={k}",
+             **{key: best[num] / best[den] if num in best and den in best else None
+                for key, (num, den) in pairs.items()}}
+            for (model, b, k), best in by_cell.items()]
+
+
 def code_size(package_dir: str | None = None) -> dict[str, Any]:
     """Sizes of the library's source (``accumcore/`` without ``lab/``): issue 19's targets.
 
