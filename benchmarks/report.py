@@ -175,6 +175,11 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
             f"≥ {r['threshold']:g}"
         lines.append(f"| {r['target']} | {r['cell']} | {value} | {_fmt(r['median'], 3)} | "
                      f"{bound} | {'yes' if r['met'] else '**no**'} |")
+    files = (results.get("code") or {}).get("files")
+    if files:
+        lines += ["", "Library code lines by module (the target of 2,652 was set before issue "
+                  "18 added `denominators.py`): " + ", ".join(
+                      f"`{name.split('/')[-1]}` {n:,}" for name, n in files.items()) + "."]
     return lines + _check_cost_lines(results)
 
 

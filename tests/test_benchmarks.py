@@ -404,6 +404,7 @@ def test_code_size_measures_spans_and_code_lines(tmp_path):
     assert size["largest_class"] == (7, "pkg/mod.py:A")  # lab/ is not the library
     assert size["longest_function"] == (3, "pkg/mod.py:f")
     assert size["code_lines"] == (4, "1 files")  # class, def, x = 1, return
+    assert size["files"] == {"pkg/mod.py": 4}
 
 
 def test_ratio_summary_ranges_each_ratio_over_the_cells():

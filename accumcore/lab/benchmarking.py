@@ -526,12 +526,13 @@ def code_size(package_dir: str | None = None) -> dict[str, Any]:
     """Sizes of the library's source (``accumcore/`` without ``lab/``): issue 19's targets.
 
     Returns ``{"largest_class": (lines, "file:Class"), "longest_function": (lines,
-    "file:function"), "code_lines": (n, "N files")}``: classes and functions by their line
-    span (docstrings included); code lines without docstrings, comments and blank lines.
+    "file:function"), "code_lines": (n, "N files"), "files": {"file": code lines}}``: classes
+    and functions by their line span (docstrings included); code lines without docstrings,
+    comments and blank lines (``files``: per module, largest first).
     """
     root = pathlib.Path(package_dir or pathlib.Path(accumcore.__file__).parent)
     files = sorted(p for p in root.rglob("*.py") if "lab" not in p.relative_to(root).parts)
-    classes, functions, lines = [(0, "")], [(0, "")], 0
+    classes, functions, per_file = [(0, "")], [(0, "")], {}
     for path in files:
         source = path.read_text()
         docstrings: set[int] = set()
@@ -554,9 +555,10 @@ def code_size(package_dir: str | None = None) -> dict[str, Any]:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type not in skip:
                 code.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in docstrings)
-        lines += len(code)
+        per_file[str(path.relative_to(root.parent))] = len(code)
     return {"largest_class": max(classes), "longest_function": max(functions),
-            "code_lines": (lines, f"{len(files)} files")}
+            "code_lines": (sum(per_file.values()), f"{len(files)} files"),
+            "files": dict(sorted(per_file.items(), key=lambda item: -item[1]))}
 
 
 def throughput_cells(results: dict) -> list[tuple[str, int, int]]:
