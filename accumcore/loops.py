@@ -13,15 +13,15 @@ micro-batches *inside* the graph, so only one micro-batch's activations are aliv
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore import distribute, entry, inputs
+from accumcore import distribute, entry, epochs, inputs
 from accumcore.config import (
     check_choice,
     check_settings,
@@ -37,6 +37,13 @@ from accumcore.core import (
     summed_loss_gradients,
 )
 from accumcore.denominators import CountedLoss
+
+# HistoryBook, close_epoch and empty_epoch_error are re-exported (`X as X`) from accumcore.epochs;
+# fit_epoch is imported by name, as `fit`'s argument `epochs` hides the module there.
+from accumcore.epochs import HistoryBook as HistoryBook
+from accumcore.epochs import LoopHistory, fit_epoch
+from accumcore.epochs import close_epoch as close_epoch
+from accumcore.epochs import empty_epoch_error as empty_epoch_error
 from accumcore.layout import variable_name
 from accumcore.nonfinite import NonFinitePolicy
 from accumcore.state import AccumulationState
@@ -56,94 +63,6 @@ def _batch_relaxed_specs(structure: Any) -> Any:
         lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
         structure,
     )
-
-
-def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
-    """An ``after(step, record)`` for :meth:`AccumTrainer.run_micro_batches` that moves a live
-    progress bar to ``step + 1`` with the micro-batch's mean loss (a host read per micro-batch)."""
-    return lambda step, record: bar.update(step + 1, values=[("loss", float(record[0]))])
-
-
-@dataclass
-class LoopHistory:
-    """What a loop recorded, one entry per micro-batch / window / epoch.
-
-    Attributes:
-        micro_losses: mean loss of each micro-batch (float, in loss units).
-        micro_weights: weight ``c_i`` of each micro-batch (samples, weight sum or items).
-        window_losses: mean loss over each closed window: ``sum c_i L_i / sum c_i``, exactly the
-            loss a large batch made of that window would report.
-        epoch_losses: mean loss over each epoch (per sample / item).
-        epoch_weights: ``sum c_i`` over each epoch: what the epoch's loss is a mean over (its
-            samples, its sample-weight sum, or its valid tokens under a mask). Under a
-            ``MultiWorkerMirroredStrategy`` the records (losses and weights) are this worker's
-            replicas'; the update itself uses every worker's.
-        updates: number of optimizer updates applied in each epoch.
-        counters: :meth:`AccumulationState.counters` after the last epoch.
-    """
-
-    micro_losses: list[float] = field(default_factory=list)
-    micro_weights: list[float] = field(default_factory=list)
-    window_losses: list[float] = field(default_factory=list)
-    epoch_losses: list[float] = field(default_factory=list)
-    epoch_weights: list[float] = field(default_factory=list)
-    updates: list[int] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
-
-
-class HistoryBook:
-    """Writes a :class:`LoopHistory` from micro-batch results: the one book-keeping of
-    :meth:`~accumcore.AccumTrainer.fit` and :meth:`~accumcore.checkpointing.ResumableLoop.fit`.
-
-    Keeps float64 running sums (Python floats) for the open window and the epoch:
-    ``window_loss`` / ``epoch_loss`` (``sum c_i * L_i``, loss units times weight) and
-    ``window_weight`` / ``epoch_weight`` (``sum c_i``). ``ResumableLoop`` checkpoints
-    :attr:`sums`, so that the losses reported after a resume are the same as without the
-    interruption.
-    """
-
-    SUMS = ("window_loss", "window_weight", "epoch_loss", "epoch_weight")
-
-    def __init__(self, sums: dict[str, float] | None = None) -> None:
-        self.history = LoopHistory()
-        self.sums = {name: float((sums or {}).get(name, 0.0)) for name in self.SUMS}
-
-    def _reset(self, prefix: str) -> None:
-        self.sums[f"{prefix}_loss"] = self.sums[f"{prefix}_weight"] = 0.0
-
-    def _window_loss(self) -> None:
-        self.history.window_losses.append(self.sums["window_loss"] / self.sums["window_weight"])
-
-    def micro_batch(self, loss: float, weight: float, applied: bool) -> None:
-        """Record one micro-batch: its mean loss, its weight ``c_i`` and whether it closed
-        (applied) a window."""
-        self.history.micro_losses.append(loss)
-        self.history.micro_weights.append(weight)
-        for prefix in ("window", "epoch"):
-            self.sums[f"{prefix}_loss"] += loss * weight
-            self.sums[f"{prefix}_weight"] += weight
-        if applied:
-            self._window_loss()
-            self._reset("window")
-
-    def end_epoch(self, policy: str, outcome: str | None, updates: int) -> None:
-        """Record the end of an epoch.
-
-        Args:
-            policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what :func:`accumcore.entry.end_epoch` did (``None``:
-                nothing pending).
-            updates: optimizer updates applied in this epoch.
-        """
-        if outcome in ("applied", "skipped"):  # the partial window was closed
-            self._window_loss()
-        if policy != "carry":
-            self._reset("window")
-        weight = self.sums["epoch_weight"]
-        self.history.epoch_losses.append(self.sums["epoch_loss"] / weight if weight else 0.0)
-        self.history.epoch_weights.append(weight)
-        self.history.updates.append(updates)
-        self._reset("epoch")
 
 
 class AccumTrainer:
@@ -474,45 +393,9 @@ class AccumTrainer:
             The records, one per micro-batch: ``(mean_loss, weight, applied)`` as tensors
             (float32, float32 and bool scalars; convert them on the host when needed).
         """
-        records = []
-        for step, batch in enumerate(batches):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            records.append(self._train_micro_batch(x, y, sample_weight, compiled=compiled))
-            if check_each:
-                self.state.raise_if_nonfinite(self.epoch)
-            if after is not None:
-                after(step, records[-1])
-        return records
+        return epochs.run_micro_batches(self, self._train_micro_batch, batches, compiled=compiled,
+                                        check_each=check_each, after=after)
 
-    # ------------------------------------------------------------------ whole epoch in graph
-    def _epoch(self, batches, steps=None):
-        """One epoch in graph: every micro-batch of the dataset ``batches``; or, with
-        ``steps``, at most that many from the iterator ``batches`` (kept across epochs)."""
-        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True)
-                        for dtype in (tf.float32, tf.float32, tf.bool))
-        i = 0
-        if steps is None:
-            # iter(): autograph turns this into a tf.while_loop over the iterator. `for batch
-            # in dataset` would become `dataset.reduce`, whose body (variable updates,
-            # optimizer) runs about 10-30x slower (benchmarks/RESULTS.md, issue 5).
-            for batch in iter(batches):
-                records = self._record(records, i, batch)
-                i += 1
-        else:
-            for _ in tf.range(steps):
-                optional = batches.get_next_as_optional()
-                if not optional.has_value():
-                    break  # the data ran out (the caller warns and starts a new iterator)
-                records = self._record(records, i, optional.get_value())
-                i += 1
-        return tuple(r.stack() for r in records)
-
-    def _record(self, records: tuple, i, batch) -> tuple:
-        """Run one micro-batch; write its ``(loss, weight, applied)`` at index ``i``."""
-        x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-        return tuple(r.write(i, out) for r, out in zip(records, self._run_micro_step(x, y, sw)))
-
-    # ------------------------------------------------------------------ input
     # ------------------------------------------------------------------ fit
     def fit(
         self,
@@ -567,79 +450,18 @@ class AccumTrainer:
         book = HistoryBook()
         source = inputs.EpochSource(self.model, dataset, cardinality, steps_per_epoch)
         for _ in range(epochs):
-            self._fit_epoch(dataset, source, book, mode=mode, verbose=verbose)
+            fit_epoch(self, dataset, source, book, self._graph_epoch, mode=mode, verbose=verbose)
             book.history.counters = self.state.counters()
             if on_epoch_end is not None:
                 on_epoch_end(self.epoch, book.history)
             self.epoch += 1
         return book.history
 
-    def _fit_epoch(self, dataset: tf.data.Dataset, source: inputs.EpochSource, book: HistoryBook, *,
-                   mode: str, verbose: int) -> None:
-        """One epoch of :meth:`fit`: its micro-batches, the progress bar, the book-keeping and
-        the end-of-epoch policy."""
-        steps = source.steps
-        bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
-        # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
-        ticked = mode != "graph" and verbose == 1
-        before = int(self.state.windows_applied.numpy()) if self.state.built else 0
-        if mode == "graph":
-            records = self._graph_epoch(dataset, source)
-        else:
-            records = self.run_micro_batches(
-                source.epoch(), compiled=(mode == "function"), check_each=False,
-                after=_tick(bar) if ticked else None)
-            self.state.raise_if_nonfinite(self.epoch)  # once per epoch, not per batch
-            records = [(float(loss), float(weight), bool(did))
-                       for loss, weight, did in records]
-        if not ticked:  # the epoch's mean micro-batch loss, once
-            bar.update(len(records), values=[("loss", float(np.mean(
-                [r[0] for r in records])))] if records else None, finalize=False)
-        ran_out = source.count(len(records), self.epoch)
-        if not records and (source.steps_per_epoch is None or not self.state.built):
-            raise empty_epoch_error(self.epoch)
-        for record in records:  # book-keeping in Python, from the per-micro-batch records
-            book.micro_batch(*record)
-        close_epoch(self, book, before)
-        if verbose and (not ticked or steps is None or ran_out):
-            bar.update(bar.target or len(records), values=None, finalize=True)
-
     def _graph_epoch(self, dataset: tf.data.Dataset, source: inputs.EpochSource) -> list[tuple]:
         """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
         for batch in dataset.take(1):  # build eagerly before tracing
             self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
         if self._epoch_fn is None:
-            self._epoch_fn = tf.function(self._epoch, jit_compile=False)
-        if source.steps_per_epoch is None:
-            losses, weights, applied = self._epoch_fn(source.batches)
-        else:
-            losses, weights, applied = self._epoch_fn(
-                source.iterator(), tf.constant(source.steps_per_epoch, tf.int64))
-        self.state.raise_if_nonfinite(self.epoch)
-        return list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
-                        applied.numpy().tolist()))
-
-
-def close_epoch(trainer: AccumTrainer, book: HistoryBook, windows_before: int) -> None:
-    """End an epoch of ``trainer``: run its end-of-epoch policy and record it in ``book``; the
-    one end-of-epoch step of :meth:`AccumTrainer.fit` and ``ResumableLoop.fit``.
-
-    Args:
-        trainer: the trainer whose epoch ends.
-        book: the :class:`HistoryBook` of the running ``fit``.
-        windows_before: ``state.windows_applied`` at the start of the epoch, so that the
-            epoch's updates are the windows applied since (the flush included).
-    """
-    outcome = trainer.end_epoch()
-    book.end_epoch(
-        trainer.end_of_epoch, outcome,
-        int(trainer.state.windows_applied.numpy()) - windows_before,
-    )
-
-
-def empty_epoch_error(epoch: int) -> ValueError:
-    """The error for an epoch (0-based ``epoch``) in which the data yielded no micro-batch."""
-    return ValueError(
-        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty (or an exhausted "
-        "iterator). Pass a dataset that can be iterated once per epoch."
-    )
+            self._epoch_fn = tf.function(
+                functools.partial(epochs.epoch_in_graph, self._run_micro_step), jit_compile=False)
+        return epochs.graph_records(self, self._epoch_fn, source)
