@@ -18,10 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from accumcore import distribute, entry, epochs, inputs
+from accumcore import distribute, entry, epochs, inputs, steps
 from accumcore.config import (
     check_choice,
     check_settings,
@@ -29,13 +28,7 @@ from accumcore.config import (
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import (
-    as_loss_fn,
-    first_leaf,
-    replica_loss_factor,
-    resolve_normalizer,
-    summed_loss_gradients,
-)
+from accumcore.core import as_loss_fn, first_leaf, resolve_normalizer
 from accumcore.denominators import CountedLoss
 
 # HistoryBook, close_epoch and empty_epoch_error are re-exported (`X as X`) from accumcore.epochs;
@@ -49,20 +42,6 @@ from accumcore.nonfinite import NonFinitePolicy
 from accumcore.state import AccumulationState
 
 MODES = ("eager", "function", "graph")
-
-
-def _batch_relaxed_specs(structure: Any) -> Any:
-    """``tf.TensorSpec`` s for a micro-batch with the batch (first) dimension unknown.
-
-    Returns ``None`` if a leaf is neither a tensor nor a numpy array (then no spec is forced).
-    """
-    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
-    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) >= 1 for t in leaves):
-        return None
-    return tf.nest.map_structure(
-        lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
-        structure,
-    )
 
 
 class AccumTrainer:
@@ -129,7 +108,8 @@ class AccumTrainer:
         )
         self.model = model
         self.loss = as_loss_fn(loss)
-        self._counted_loss = CountedLoss(self.loss)  # reports what it divides by
+        # The loss differentiated: a CountedLoss (reports what it divides by) + model.losses.
+        self._loss_of = functools.partial(steps.loss_of, CountedLoss(self.loss), model)
         settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
         self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
         # What the window rule uses: the normaliser matching the loss's reduction.
@@ -142,11 +122,15 @@ class AccumTrainer:
         self.epoch = 0
 
     def _reset_functions(self) -> None:
-        """Forget compiled steps (they captured the optimizer and the trainable set)."""
+        """Forget the compiled steps (they captured the optimizer and the trainable set) and make
+        them anew, untraced; ``_micro_fn`` is made on the first micro-batch, for its shape."""
         self._micro_fn = None
-        self._epoch_fn = None
-        self._window_fn = None
-        self._window_ragged_fn = None  # window_step without XLA, for batches K does not divide
+        self._epoch_fn = tf.function(functools.partial(epochs.epoch_in_graph, self._run_micro_step),
+                                     jit_compile=False)
+        split = functools.partial(steps.split_window, self, self._loss_of, self._normalizer)
+        self._window_fn = tf.function(split, reduce_retracing=True, jit_compile=self.jit_compile)
+        # window_step without XLA, for batches K does not divide (steps.ragged_under_xla)
+        self._window_ragged_fn = tf.function(split, reduce_retracing=True)
         self._flush_fn = None
 
     @property
@@ -221,36 +205,14 @@ class AccumTrainer:
                 "`trainer.optimizer = keras.optimizers.Adam(1e-5)`."
             )
 
-    def _loss_of(self, x, y, y_pred, sample_weight):
-        if y is None:
-            raise ValueError(
-                "`dataset` yields no labels (y), but the loss needs them: make it yield "
-                "`(x, y)` or `(x, y, sample_weight)` tuples."
-            )
-        loss = self._counted_loss(y, y_pred, sample_weight)
-        if self.model.losses:
-            # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
-            # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
-            regularization = tf.add_n([tf.cast(v, loss.dtype) for v in self.model.losses])
-            loss = loss + regularization / replica_loss_factor()
-        return loss
-
     # ------------------------------------------------------------------ one micro-batch
-    def _micro_step(self, x, y=None, sample_weight=None):
-        loss, grads, weight, samples, _ = summed_loss_gradients(
-            self.model, self._loss_of, x, y, sample_weight,
-            normalizer=self._normalizer, optimizer=self.optimizer,
-        )
-        applied = self.state.step(
-            grads, weight, samples, self.optimizer, self.model.trainable_variables
-        )
-        return loss, weight, applied
-
     def _run_micro_step(self, x, y=None, sample_weight=None):
-        """:meth:`_micro_step`, on every replica under a strategy (outputs combined locally)."""
+        """:func:`~accumcore.steps.micro_step`, on every replica under a strategy (outputs
+        combined locally)."""
+        step = functools.partial(steps.micro_step, self, self._loss_of, self._normalizer)
         if getattr(self, "_strategy", None) is None:
-            return self._micro_step(x, y, sample_weight)
-        return distribute.run_micro_step(self._strategy, self._micro_step, x, y, sample_weight)
+            return step(x, y, sample_weight)
+        return distribute.run_micro_step(self._strategy, step, x, y, sample_weight)
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
@@ -271,48 +233,14 @@ class AccumTrainer:
         """:meth:`train_micro_batch` without the non-finite check (``fit`` checks per epoch:
         a frozen state refuses, and counts, every later micro-batch)."""
         self.build(x)
-        if compiled:
-            if self._micro_fn is None:
-                self._micro_fn = tf.function(
-                    self._run_micro_step, reduce_retracing=True, jit_compile=self.jit_compile
-                )
-                # Trace once with the batch dimension unknown, so that a ragged (smaller) last
-                # micro-batch reuses this trace instead of retracing.
-                specs = _batch_relaxed_specs((x, y, sample_weight))
-                if specs is not None:
-                    self._micro_fn.get_concrete_function(*specs)
-            out = self._micro_fn(x, y, sample_weight)
-        else:
-            out = self._run_micro_step(x, y, sample_weight)
-        return out
+        if not compiled:
+            return self._run_micro_step(x, y, sample_weight)
+        if self._micro_fn is None:
+            self._micro_fn = steps.compile_micro_step(
+                self._run_micro_step, (x, y, sample_weight), self.jit_compile)
+        return self._micro_fn(x, y, sample_weight)
 
     # ------------------------------------------------------------------ one window, in graph
-    def _window(self, x, y, sample_weight):
-        k = self.accum_steps
-        n = tf.shape(first_leaf(x))[0]
-        size = (n + k - 1) // k  # ceil(n / K): the last micro-batch may be smaller
-
-        def take(t, start):
-            return None if t is None else tf.nest.map_structure(
-                lambda a: a[start : start + size], t
-            )
-
-        count = (n + size - 1) // size  # number of non-empty micro-batches (<= K)
-        total_loss = tf.constant(0.0)
-        total_weight = tf.constant(0.0)
-        for i in tf.range(count):  # autograph: a tf.while_loop; one micro-batch alive at a time
-            start = i * size
-            xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
-            loss, grads, weight, samples, _ = summed_loss_gradients(
-                self.model, self._loss_of, xi, yi, wi,
-                normalizer=self._normalizer, optimizer=self.optimizer,
-            )
-            self.state.accumulate(grads, weight, samples, self.optimizer, advance=True)
-            total_loss += loss * weight
-            total_weight += weight
-        self.state.apply_window(self.optimizer)
-        return tf.math.divide_no_nan(total_loss, total_weight)
-
     def window_step(self, x, y=None, sample_weight=None):
         """One optimizer update from one large batch, split into K micro-batches in the graph.
 
@@ -325,30 +253,8 @@ class AccumTrainer:
             The mean loss over the batch (float32 scalar tensor).
         """
         self.build(x)
-        if self._strategy is not None:
-            raise NotImplementedError(
-                "`window_step` splits one batch on one device; under a tf.distribute strategy "
-                "use `trainer.fit(dataset_of_micro_batches)` (or `train_micro_batch`), which "
-                "splits every micro-batch across the replicas."
-            )
-        if self._window_fn is None:
-            self._window_fn = tf.function(
-                self._window, reduce_retracing=True, jit_compile=self.jit_compile
-            )
-        if int(self.state.micro_step.numpy()) != 0:
-            raise ValueError(
-                "`window_step` needs an empty window, but a partial window is pending from "
-                "micro-batch training: call `trainer.flush()` first."
-            )
-        window_fn = self._window_fn
-        n = first_leaf(x).shape[0]
-        if self.jit_compile and (n is None or n % self.accum_steps):
-            # XLA clamps an out-of-range slice to its static size, so a smaller last
-            # micro-batch would silently re-read samples of the one before it: run such
-            # ragged windows without XLA (issue 5 found this; tests/test_benchmarks.py).
-            if self._window_ragged_fn is None:
-                self._window_ragged_fn = tf.function(self._window, reduce_retracing=True)
-            window_fn = self._window_ragged_fn
+        steps.check_window_step(self, distributed=self._strategy is not None)
+        window_fn = self._window_ragged_fn if steps.ragged_under_xla(self, x) else self._window_fn
         loss = window_fn(x, y, sample_weight)
         self.state.raise_if_nonfinite(self.epoch)
         return loss
@@ -461,7 +367,4 @@ class AccumTrainer:
         """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
         for batch in dataset.take(1):  # build eagerly before tracing
             self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
-        if self._epoch_fn is None:
-            self._epoch_fn = tf.function(
-                functools.partial(epochs.epoch_in_graph, self._run_micro_step), jit_compile=False)
         return epochs.graph_records(self, self._epoch_fn, source)
