@@ -13,6 +13,7 @@ micro-batches *inside* the graph, so only one micro-batch's activations are aliv
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore import distribute, entry, epochs, inputs, steps
+from accumcore import building, distribute, entry, epochs, inputs, steps
 from accumcore.config import (
     check_choice,
     check_settings,
@@ -28,7 +29,7 @@ from accumcore.config import (
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import as_loss_fn, first_leaf, resolve_normalizer
+from accumcore.core import as_loss_fn, resolve_normalizer
 from accumcore.denominators import CountedLoss
 
 # HistoryBook, close_epoch and empty_epoch_error are re-exported (`X as X`) from accumcore.epochs;
@@ -37,7 +38,6 @@ from accumcore.epochs import HistoryBook as HistoryBook
 from accumcore.epochs import LoopHistory, fit_epoch
 from accumcore.epochs import close_epoch as close_epoch
 from accumcore.epochs import empty_epoch_error as empty_epoch_error
-from accumcore.layout import variable_name
 from accumcore.nonfinite import NonFinitePolicy
 from accumcore.state import AccumulationState
 
@@ -159,51 +159,15 @@ class AccumTrainer:
         Under a ``tf.distribute`` strategy (model created in ``strategy.scope()``), ``x`` may
         be a distributed micro-batch; optimizer and accumulators are built in the scope.
         """
-        self._strategy = distribute.model_strategy(self.model)
-        if self._strategy is not None:
-            with self._strategy.scope():
-                return self._build(distribute.first_local(self._strategy, x))
-        return self._build(x)
-
-    def _build(self, x: Any) -> None:
-        if not self.model.built or not self.model.trainable_variables:
-            try:
-                self.model(x, training=False)
-            except Exception as err:  # noqa: BLE001 - re-raised with context
-                raise ValueError(
-                    "Could not build `model` by calling it on the first micro-batch "
-                    f"(input shape {getattr(first_leaf(x), 'shape', '?')}): {err}. Build it "
-                    "explicitly with `model.build(input_shape)` or start it with keras.Input. "
-                    "If the dataset yields single samples, batch it into micro-batches: "
-                    "`dataset.batch(b)`."
-                ) from err
-        variables = self.model.trainable_variables
-        if self.state.built and not self.state.same_variables(variables):
-            self._check_new_trainable_set(variables)
-        if not self.optimizer.built:
-            self.optimizer.build(variables)
-        if self._optimizer_variables is None:
-            self._optimizer_variables = {id(v) for v in variables}
-        # First build, or accumulators for a new trainable set: compiled steps are retraced.
-        if entry.prepare(self.state, self.model, self._normalizer,
-                         distributed=self._strategy is not None):
-            self._reset_functions()
-
-    def _check_new_trainable_set(self, variables: list) -> None:
-        """Before following a new trainable set: the window is empty, the optimizer knows it."""
-        if self.state.pending_micro_batches():
-            self.state.build(variables)  # raises: a pending window (names `trainer.flush()`)
-        known = self._optimizer_variables
-        unknown = [v for v in variables if known is not None and id(v) not in known]
-        if unknown and self.optimizer.built:
-            names = ", ".join(variable_name(v) for v in unknown[:4])
-            raise ValueError(
-                f"The trainable variables changed: {len(unknown)} became trainable ({names}"
-                f"{', ...' if len(unknown) > 4 else ''}), but `optimizer` was built for the old "
-                "set and a Keras optimizer cannot take new variables. Give the trainer a new "
-                "optimizer before training on, as `model.compile` does for fine-tuning: "
-                "`trainer.optimizer = keras.optimizers.Adam(1e-5)`."
-            )
+        self._strategy = strategy = distribute.model_strategy(self.model)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            self._optimizer_variables = building.build_model_and_optimizer(
+                self.model, self.state, self.optimizer, distribute.first_local(strategy, x),
+                self._optimizer_variables)
+            # First build, or accumulators for a new trainable set: compiled steps are retraced.
+            if entry.prepare(self.state, self.model, self._normalizer,
+                             distributed=strategy is not None):
+                self._reset_functions()
 
     # ------------------------------------------------------------------ one micro-batch
     def _run_micro_step(self, x, y=None, sample_weight=None):
