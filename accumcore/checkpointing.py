@@ -51,7 +51,8 @@ import keras
 import tensorflow as tf
 
 from accumcore.config import check_accum_steps, check_choice
-from accumcore.loops import AccumTrainer, HistoryBook, LoopHistory, close_epoch, empty_epoch_error
+from accumcore.epochs import HistoryBook, LoopHistory, close_epoch, empty_epoch_error
+from accumcore.loops import AccumTrainer
 from accumcore.state import AccumulationState
 
 #: Modes of :meth:`ResumableLoop.fit` (``"graph"`` runs a whole epoch in one call, so it cannot

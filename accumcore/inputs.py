@@ -197,7 +197,7 @@ class EpochSource:
                 "give `steps_per_epoch * epochs` micro-batches, e.g. with "
                 "`.repeat()`.",
                 UserWarning,
-                stacklevel=4,  # count <- _fit_epoch <- fit <- the caller
+                stacklevel=4,  # count <- epochs.fit_epoch <- AccumTrainer.fit <- the caller
             )
         if ran_out or (self.cardinality > 0 and self._seen >= self.cardinality):
             self._iterator = None  # the next epoch starts a new pass (as Keras)

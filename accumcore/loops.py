@@ -13,15 +13,15 @@ micro-batches *inside* the graph, so only one micro-batch's activations are aliv
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from accumcore import distribute, entry, inputs
+from accumcore import building, distribute, entry, epochs, inputs, steps
 from accumcore.config import (
     check_choice,
     check_settings,
@@ -29,121 +29,19 @@ from accumcore.config import (
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import (
-    as_loss_fn,
-    first_leaf,
-    replica_loss_factor,
-    resolve_normalizer,
-    summed_loss_gradients,
-)
+from accumcore.core import as_loss_fn, resolve_normalizer
 from accumcore.denominators import CountedLoss
-from accumcore.layout import variable_name
+
+# HistoryBook, close_epoch and empty_epoch_error are re-exported (`X as X`) from accumcore.epochs;
+# fit_epoch is imported by name, as `fit`'s argument `epochs` hides the module there.
+from accumcore.epochs import HistoryBook as HistoryBook
+from accumcore.epochs import LoopHistory, fit_epoch
+from accumcore.epochs import close_epoch as close_epoch
+from accumcore.epochs import empty_epoch_error as empty_epoch_error
 from accumcore.nonfinite import NonFinitePolicy
 from accumcore.state import AccumulationState
 
 MODES = ("eager", "function", "graph")
-
-
-def _batch_relaxed_specs(structure: Any) -> Any:
-    """``tf.TensorSpec`` s for a micro-batch with the batch (first) dimension unknown.
-
-    Returns ``None`` if a leaf is neither a tensor nor a numpy array (then no spec is forced).
-    """
-    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
-    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) >= 1 for t in leaves):
-        return None
-    return tf.nest.map_structure(
-        lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
-        structure,
-    )
-
-
-def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
-    """An ``after(step, record)`` for :meth:`AccumTrainer.run_micro_batches` that moves a live
-    progress bar to ``step + 1`` with the micro-batch's mean loss (a host read per micro-batch)."""
-    return lambda step, record: bar.update(step + 1, values=[("loss", float(record[0]))])
-
-
-@dataclass
-class LoopHistory:
-    """What a loop recorded, one entry per micro-batch / window / epoch.
-
-    Attributes:
-        micro_losses: mean loss of each micro-batch (float, in loss units).
-        micro_weights: weight ``c_i`` of each micro-batch (samples, weight sum or items).
-        window_losses: mean loss over each closed window: ``sum c_i L_i / sum c_i``, exactly the
-            loss a large batch made of that window would report.
-        epoch_losses: mean loss over each epoch (per sample / item).
-        epoch_weights: ``sum c_i`` over each epoch: what the epoch's loss is a mean over (its
-            samples, its sample-weight sum, or its valid tokens under a mask). Under a
-            ``MultiWorkerMirroredStrategy`` the records (losses and weights) are this worker's
-            replicas'; the update itself uses every worker's.
-        updates: number of optimizer updates applied in each epoch.
-        counters: :meth:`AccumulationState.counters` after the last epoch.
-    """
-
-    micro_losses: list[float] = field(default_factory=list)
-    micro_weights: list[float] = field(default_factory=list)
-    window_losses: list[float] = field(default_factory=list)
-    epoch_losses: list[float] = field(default_factory=list)
-    epoch_weights: list[float] = field(default_factory=list)
-    updates: list[int] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
-
-
-class HistoryBook:
-    """Writes a :class:`LoopHistory` from micro-batch results: the one book-keeping of
-    :meth:`~accumcore.AccumTrainer.fit` and :meth:`~accumcore.checkpointing.ResumableLoop.fit`.
-
-    Keeps float64 running sums (Python floats) for the open window and the epoch:
-    ``window_loss`` / ``epoch_loss`` (``sum c_i * L_i``, loss units times weight) and
-    ``window_weight`` / ``epoch_weight`` (``sum c_i``). ``ResumableLoop`` checkpoints
-    :attr:`sums`, so that the losses reported after a resume are the same as without the
-    interruption.
-    """
-
-    SUMS = ("window_loss", "window_weight", "epoch_loss", "epoch_weight")
-
-    def __init__(self, sums: dict[str, float] | None = None) -> None:
-        self.history = LoopHistory()
-        self.sums = {name: float((sums or {}).get(name, 0.0)) for name in self.SUMS}
-
-    def _reset(self, prefix: str) -> None:
-        self.sums[f"{prefix}_loss"] = self.sums[f"{prefix}_weight"] = 0.0
-
-    def _window_loss(self) -> None:
-        self.history.window_losses.append(self.sums["window_loss"] / self.sums["window_weight"])
-
-    def micro_batch(self, loss: float, weight: float, applied: bool) -> None:
-        """Record one micro-batch: its mean loss, its weight ``c_i`` and whether it closed
-        (applied) a window."""
-        self.history.micro_losses.append(loss)
-        self.history.micro_weights.append(weight)
-        for prefix in ("window", "epoch"):
-            self.sums[f"{prefix}_loss"] += loss * weight
-            self.sums[f"{prefix}_weight"] += weight
-        if applied:
-            self._window_loss()
-            self._reset("window")
-
-    def end_epoch(self, policy: str, outcome: str | None, updates: int) -> None:
-        """Record the end of an epoch.
-
-        Args:
-            policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what :func:`accumcore.entry.end_epoch` did (``None``:
-                nothing pending).
-            updates: optimizer updates applied in this epoch.
-        """
-        if outcome in ("applied", "skipped"):  # the partial window was closed
-            self._window_loss()
-        if policy != "carry":
-            self._reset("window")
-        weight = self.sums["epoch_weight"]
-        self.history.epoch_losses.append(self.sums["epoch_loss"] / weight if weight else 0.0)
-        self.history.epoch_weights.append(weight)
-        self.history.updates.append(updates)
-        self._reset("epoch")
 
 
 class AccumTrainer:
@@ -210,7 +108,8 @@ class AccumTrainer:
         )
         self.model = model
         self.loss = as_loss_fn(loss)
-        self._counted_loss = CountedLoss(self.loss)  # reports what it divides by
+        # The loss differentiated: a CountedLoss (reports what it divides by) + model.losses.
+        self._loss_of = functools.partial(steps.loss_of, CountedLoss(self.loss), model)
         settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
         self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
         # What the window rule uses: the normaliser matching the loss's reduction.
@@ -223,11 +122,15 @@ class AccumTrainer:
         self.epoch = 0
 
     def _reset_functions(self) -> None:
-        """Forget compiled steps (they captured the optimizer and the trainable set)."""
+        """Forget the compiled steps (they captured the optimizer and the trainable set) and make
+        them anew, untraced; ``_micro_fn`` is made on the first micro-batch, for its shape."""
         self._micro_fn = None
-        self._epoch_fn = None
-        self._window_fn = None
-        self._window_ragged_fn = None  # window_step without XLA, for batches K does not divide
+        self._epoch_fn = tf.function(functools.partial(epochs.epoch_in_graph, self._run_micro_step),
+                                     jit_compile=False)
+        split = functools.partial(steps.split_window, self, self._loss_of, self._normalizer)
+        self._window_fn = tf.function(split, reduce_retracing=True, jit_compile=self.jit_compile)
+        # window_step without XLA, for batches K does not divide (steps.ragged_under_xla)
+        self._window_ragged_fn = tf.function(split, reduce_retracing=True)
         self._flush_fn = None
 
     @property
@@ -256,82 +159,24 @@ class AccumTrainer:
         Under a ``tf.distribute`` strategy (model created in ``strategy.scope()``), ``x`` may
         be a distributed micro-batch; optimizer and accumulators are built in the scope.
         """
-        self._strategy = distribute.model_strategy(self.model)
-        if self._strategy is not None:
-            with self._strategy.scope():
-                return self._build(distribute.first_local(self._strategy, x))
-        return self._build(x)
-
-    def _build(self, x: Any) -> None:
-        if not self.model.built or not self.model.trainable_variables:
-            try:
-                self.model(x, training=False)
-            except Exception as err:  # noqa: BLE001 - re-raised with context
-                raise ValueError(
-                    "Could not build `model` by calling it on the first micro-batch "
-                    f"(input shape {getattr(first_leaf(x), 'shape', '?')}): {err}. Build it "
-                    "explicitly with `model.build(input_shape)` or start it with keras.Input. "
-                    "If the dataset yields single samples, batch it into micro-batches: "
-                    "`dataset.batch(b)`."
-                ) from err
-        variables = self.model.trainable_variables
-        if self.state.built and not self.state.same_variables(variables):
-            self._check_new_trainable_set(variables)
-        if not self.optimizer.built:
-            self.optimizer.build(variables)
-        if self._optimizer_variables is None:
-            self._optimizer_variables = {id(v) for v in variables}
-        # First build, or accumulators for a new trainable set: compiled steps are retraced.
-        if entry.prepare(self.state, self.model, self._normalizer,
-                         distributed=self._strategy is not None):
-            self._reset_functions()
-
-    def _check_new_trainable_set(self, variables: list) -> None:
-        """Before following a new trainable set: the window is empty, the optimizer knows it."""
-        if self.state.pending_micro_batches():
-            self.state.build(variables)  # raises: a pending window (names `trainer.flush()`)
-        known = self._optimizer_variables
-        unknown = [v for v in variables if known is not None and id(v) not in known]
-        if unknown and self.optimizer.built:
-            names = ", ".join(variable_name(v) for v in unknown[:4])
-            raise ValueError(
-                f"The trainable variables changed: {len(unknown)} became trainable ({names}"
-                f"{', ...' if len(unknown) > 4 else ''}), but `optimizer` was built for the old "
-                "set and a Keras optimizer cannot take new variables. Give the trainer a new "
-                "optimizer before training on, as `model.compile` does for fine-tuning: "
-                "`trainer.optimizer = keras.optimizers.Adam(1e-5)`."
-            )
-
-    def _loss_of(self, x, y, y_pred, sample_weight):
-        if y is None:
-            raise ValueError(
-                "`dataset` yields no labels (y), but the loss needs them: make it yield "
-                "`(x, y)` or `(x, y, sample_weight)` tuples."
-            )
-        loss = self._counted_loss(y, y_pred, sample_weight)
-        if self.model.losses:
-            # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
-            # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
-            regularization = tf.add_n([tf.cast(v, loss.dtype) for v in self.model.losses])
-            loss = loss + regularization / replica_loss_factor()
-        return loss
+        self._strategy = strategy = distribute.model_strategy(self.model)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            self._optimizer_variables = building.build_model_and_optimizer(
+                self.model, self.state, self.optimizer, distribute.first_local(strategy, x),
+                self._optimizer_variables)
+            # First build, or accumulators for a new trainable set: compiled steps are retraced.
+            if entry.prepare(self.state, self.model, self._normalizer,
+                             distributed=strategy is not None):
+                self._reset_functions()
 
     # ------------------------------------------------------------------ one micro-batch
-    def _micro_step(self, x, y=None, sample_weight=None):
-        loss, grads, weight, samples, _ = summed_loss_gradients(
-            self.model, self._loss_of, x, y, sample_weight,
-            normalizer=self._normalizer, optimizer=self.optimizer,
-        )
-        applied = self.state.step(
-            grads, weight, samples, self.optimizer, self.model.trainable_variables
-        )
-        return loss, weight, applied
-
     def _run_micro_step(self, x, y=None, sample_weight=None):
-        """:meth:`_micro_step`, on every replica under a strategy (outputs combined locally)."""
+        """:func:`~accumcore.steps.micro_step`, on every replica under a strategy (outputs
+        combined locally)."""
+        step = functools.partial(steps.micro_step, self, self._loss_of, self._normalizer)
         if getattr(self, "_strategy", None) is None:
-            return self._micro_step(x, y, sample_weight)
-        return distribute.run_micro_step(self._strategy, self._micro_step, x, y, sample_weight)
+            return step(x, y, sample_weight)
+        return distribute.run_micro_step(self._strategy, step, x, y, sample_weight)
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
@@ -352,48 +197,14 @@ class AccumTrainer:
         """:meth:`train_micro_batch` without the non-finite check (``fit`` checks per epoch:
         a frozen state refuses, and counts, every later micro-batch)."""
         self.build(x)
-        if compiled:
-            if self._micro_fn is None:
-                self._micro_fn = tf.function(
-                    self._run_micro_step, reduce_retracing=True, jit_compile=self.jit_compile
-                )
-                # Trace once with the batch dimension unknown, so that a ragged (smaller) last
-                # micro-batch reuses this trace instead of retracing.
-                specs = _batch_relaxed_specs((x, y, sample_weight))
-                if specs is not None:
-                    self._micro_fn.get_concrete_function(*specs)
-            out = self._micro_fn(x, y, sample_weight)
-        else:
-            out = self._run_micro_step(x, y, sample_weight)
-        return out
+        if not compiled:
+            return self._run_micro_step(x, y, sample_weight)
+        if self._micro_fn is None:
+            self._micro_fn = steps.compile_micro_step(
+                self._run_micro_step, (x, y, sample_weight), self.jit_compile)
+        return self._micro_fn(x, y, sample_weight)
 
     # ------------------------------------------------------------------ one window, in graph
-    def _window(self, x, y, sample_weight):
-        k = self.accum_steps
-        n = tf.shape(first_leaf(x))[0]
-        size = (n + k - 1) // k  # ceil(n / K): the last micro-batch may be smaller
-
-        def take(t, start):
-            return None if t is None else tf.nest.map_structure(
-                lambda a: a[start : start + size], t
-            )
-
-        count = (n + size - 1) // size  # number of non-empty micro-batches (<= K)
-        total_loss = tf.constant(0.0)
-        total_weight = tf.constant(0.0)
-        for i in tf.range(count):  # autograph: a tf.while_loop; one micro-batch alive at a time
-            start = i * size
-            xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
-            loss, grads, weight, samples, _ = summed_loss_gradients(
-                self.model, self._loss_of, xi, yi, wi,
-                normalizer=self._normalizer, optimizer=self.optimizer,
-            )
-            self.state.accumulate(grads, weight, samples, self.optimizer, advance=True)
-            total_loss += loss * weight
-            total_weight += weight
-        self.state.apply_window(self.optimizer)
-        return tf.math.divide_no_nan(total_loss, total_weight)
-
     def window_step(self, x, y=None, sample_weight=None):
         """One optimizer update from one large batch, split into K micro-batches in the graph.
 
@@ -406,30 +217,8 @@ class AccumTrainer:
             The mean loss over the batch (float32 scalar tensor).
         """
         self.build(x)
-        if self._strategy is not None:
-            raise NotImplementedError(
-                "`window_step` splits one batch on one device; under a tf.distribute strategy "
-                "use `trainer.fit(dataset_of_micro_batches)` (or `train_micro_batch`), which "
-                "splits every micro-batch across the replicas."
-            )
-        if self._window_fn is None:
-            self._window_fn = tf.function(
-                self._window, reduce_retracing=True, jit_compile=self.jit_compile
-            )
-        if int(self.state.micro_step.numpy()) != 0:
-            raise ValueError(
-                "`window_step` needs an empty window, but a partial window is pending from "
-                "micro-batch training: call `trainer.flush()` first."
-            )
-        window_fn = self._window_fn
-        n = first_leaf(x).shape[0]
-        if self.jit_compile and (n is None or n % self.accum_steps):
-            # XLA clamps an out-of-range slice to its static size, so a smaller last
-            # micro-batch would silently re-read samples of the one before it: run such
-            # ragged windows without XLA (issue 5 found this; tests/test_benchmarks.py).
-            if self._window_ragged_fn is None:
-                self._window_ragged_fn = tf.function(self._window, reduce_retracing=True)
-            window_fn = self._window_ragged_fn
+        steps.check_window_step(self, distributed=self._strategy is not None)
+        window_fn = self._window_ragged_fn if steps.ragged_under_xla(self, x) else self._window_fn
         loss = window_fn(x, y, sample_weight)
         self.state.raise_if_nonfinite(self.epoch)
         return loss
@@ -474,45 +263,9 @@ class AccumTrainer:
             The records, one per micro-batch: ``(mean_loss, weight, applied)`` as tensors
             (float32, float32 and bool scalars; convert them on the host when needed).
         """
-        records = []
-        for step, batch in enumerate(batches):
-            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-            records.append(self._train_micro_batch(x, y, sample_weight, compiled=compiled))
-            if check_each:
-                self.state.raise_if_nonfinite(self.epoch)
-            if after is not None:
-                after(step, records[-1])
-        return records
+        return epochs.run_micro_batches(self, self._train_micro_batch, batches, compiled=compiled,
+                                        check_each=check_each, after=after)
 
-    # ------------------------------------------------------------------ whole epoch in graph
-    def _epoch(self, batches, steps=None):
-        """One epoch in graph: every micro-batch of the dataset ``batches``; or, with
-        ``steps``, at most that many from the iterator ``batches`` (kept across epochs)."""
-        records = tuple(tf.TensorArray(dtype, size=0, dynamic_size=True)
-                        for dtype in (tf.float32, tf.float32, tf.bool))
-        i = 0
-        if steps is None:
-            # iter(): autograph turns this into a tf.while_loop over the iterator. `for batch
-            # in dataset` would become `dataset.reduce`, whose body (variable updates,
-            # optimizer) runs about 10-30x slower (benchmarks/RESULTS.md, issue 5).
-            for batch in iter(batches):
-                records = self._record(records, i, batch)
-                i += 1
-        else:
-            for _ in tf.range(steps):
-                optional = batches.get_next_as_optional()
-                if not optional.has_value():
-                    break  # the data ran out (the caller warns and starts a new iterator)
-                records = self._record(records, i, optional.get_value())
-                i += 1
-        return tuple(r.stack() for r in records)
-
-    def _record(self, records: tuple, i, batch) -> tuple:
-        """Run one micro-batch; write its ``(loss, weight, applied)`` at index ``i``."""
-        x, y, sw = keras.utils.unpack_x_y_sample_weight(batch)
-        return tuple(r.write(i, out) for r, out in zip(records, self._run_micro_step(x, y, sw)))
-
-    # ------------------------------------------------------------------ input
     # ------------------------------------------------------------------ fit
     def fit(
         self,
@@ -567,79 +320,15 @@ class AccumTrainer:
         book = HistoryBook()
         source = inputs.EpochSource(self.model, dataset, cardinality, steps_per_epoch)
         for _ in range(epochs):
-            self._fit_epoch(dataset, source, book, mode=mode, verbose=verbose)
+            fit_epoch(self, dataset, source, book, self._graph_epoch, mode=mode, verbose=verbose)
             book.history.counters = self.state.counters()
             if on_epoch_end is not None:
                 on_epoch_end(self.epoch, book.history)
             self.epoch += 1
         return book.history
 
-    def _fit_epoch(self, dataset: tf.data.Dataset, source: inputs.EpochSource, book: HistoryBook, *,
-                   mode: str, verbose: int) -> None:
-        """One epoch of :meth:`fit`: its micro-batches, the progress bar, the book-keeping and
-        the end-of-epoch policy."""
-        steps = source.steps
-        bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
-        # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
-        ticked = mode != "graph" and verbose == 1
-        before = int(self.state.windows_applied.numpy()) if self.state.built else 0
-        if mode == "graph":
-            records = self._graph_epoch(dataset, source)
-        else:
-            records = self.run_micro_batches(
-                source.epoch(), compiled=(mode == "function"), check_each=False,
-                after=_tick(bar) if ticked else None)
-            self.state.raise_if_nonfinite(self.epoch)  # once per epoch, not per batch
-            records = [(float(loss), float(weight), bool(did))
-                       for loss, weight, did in records]
-        if not ticked:  # the epoch's mean micro-batch loss, once
-            bar.update(len(records), values=[("loss", float(np.mean(
-                [r[0] for r in records])))] if records else None, finalize=False)
-        ran_out = source.count(len(records), self.epoch)
-        if not records and (source.steps_per_epoch is None or not self.state.built):
-            raise empty_epoch_error(self.epoch)
-        for record in records:  # book-keeping in Python, from the per-micro-batch records
-            book.micro_batch(*record)
-        close_epoch(self, book, before)
-        if verbose and (not ticked or steps is None or ran_out):
-            bar.update(bar.target or len(records), values=None, finalize=True)
-
     def _graph_epoch(self, dataset: tf.data.Dataset, source: inputs.EpochSource) -> list[tuple]:
         """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
         for batch in dataset.take(1):  # build eagerly before tracing
             self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
-        if self._epoch_fn is None:
-            self._epoch_fn = tf.function(self._epoch, jit_compile=False)
-        if source.steps_per_epoch is None:
-            losses, weights, applied = self._epoch_fn(source.batches)
-        else:
-            losses, weights, applied = self._epoch_fn(
-                source.iterator(), tf.constant(source.steps_per_epoch, tf.int64))
-        self.state.raise_if_nonfinite(self.epoch)
-        return list(zip(losses.numpy().tolist(), weights.numpy().tolist(),
-                        applied.numpy().tolist()))
-
-
-def close_epoch(trainer: AccumTrainer, book: HistoryBook, windows_before: int) -> None:
-    """End an epoch of ``trainer``: run its end-of-epoch policy and record it in ``book``; the
-    one end-of-epoch step of :meth:`AccumTrainer.fit` and ``ResumableLoop.fit``.
-
-    Args:
-        trainer: the trainer whose epoch ends.
-        book: the :class:`HistoryBook` of the running ``fit``.
-        windows_before: ``state.windows_applied`` at the start of the epoch, so that the
-            epoch's updates are the windows applied since (the flush included).
-    """
-    outcome = trainer.end_epoch()
-    book.end_epoch(
-        trainer.end_of_epoch, outcome,
-        int(trainer.state.windows_applied.numpy()) - windows_before,
-    )
-
-
-def empty_epoch_error(epoch: int) -> ValueError:
-    """The error for an epoch (0-based ``epoch``) in which the data yielded no micro-batch."""
-    return ValueError(
-        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty (or an exhausted "
-        "iterator). Pass a dataset that can be iterated once per epoch."
-    )
+        return epochs.graph_records(self, self._epoch_fn, source)

@@ -1,0 +1,155 @@
+"""The steps :class:`~accumcore.AccumTrainer` runs, eagerly or inside its ``tf.function`` s.
+
+* :func:`loss_of`: the loss the trainer differentiates, its counted loss plus the model's
+  regularisation losses (``model.losses``).
+* :func:`micro_step`: one micro-batch on one replica: the gradient of its summed loss
+  (:func:`accumcore.core.summed_loss_gradients`) into the window, the window applied if due
+  (``AccumulationState.step``). :func:`compile_micro_step` compiles it with the batch
+  dimension unknown, so that a ragged last micro-batch does not retrace.
+* :func:`split_window`: the body of :meth:`AccumTrainer.window_step
+  <accumcore.AccumTrainer.window_step>`: one large batch cut into K micro-batches inside the
+  graph (a ``tf.while_loop``, so only one micro-batch's activations are alive at a time),
+  accumulated and applied once; :func:`check_window_step` and :func:`ragged_under_xla` decide
+  whether and how it may run.
+
+The trainer passes what it keeps to itself (its loss function, its resolved normaliser); the
+rest is read from its public attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from accumcore.core import first_leaf, replica_loss_factor, summed_loss_gradients
+
+if TYPE_CHECKING:
+    from accumcore.loops import AccumTrainer
+
+
+def _batch_relaxed_specs(structure: Any) -> Any:
+    """``tf.TensorSpec`` s for a micro-batch with the batch (first) dimension unknown.
+
+    Returns ``None`` if a leaf is neither a tensor nor a numpy array (then no spec is forced).
+    """
+    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
+    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) >= 1 for t in leaves):
+        return None
+    return tf.nest.map_structure(
+        lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
+        structure,
+    )
+
+
+# ---------------------------------------------------------------------------- one micro-batch
+def loss_of(counted_loss: Callable, model: keras.Model, x: Any, y: Any, y_pred: Any,
+            sample_weight: Any) -> tf.Tensor:
+    """The micro-batch's mean loss (scalar, loss units): ``counted_loss(y, y_pred,
+    sample_weight)`` (a :class:`~accumcore.denominators.CountedLoss`, which records what it
+    divides by) plus ``model.losses``. ``x`` is unused; bound to its first two arguments, this
+    is the ``loss_of`` of :func:`~accumcore.core.summed_loss_gradients`."""
+    if y is None:
+        raise ValueError(
+            "`dataset` yields no labels (y), but the loss needs them: make it yield "
+            "`(x, y)` or `(x, y, sample_weight)` tuples."
+        )
+    loss = counted_loss(y, y_pred, sample_weight)
+    if model.losses:
+        # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
+        # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
+        regularization = tf.add_n([tf.cast(v, loss.dtype) for v in model.losses])
+        loss = loss + regularization / replica_loss_factor()
+    return loss
+
+
+def micro_step(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any, y: Any = None,
+               sample_weight: Any = None) -> tuple:
+    """One micro-batch of ``trainer`` on one replica, with its ``loss`` (a bound
+    :func:`loss_of`) and its resolved ``normalizer`` (:func:`~accumcore.core.resolve_normalizer`).
+
+    Returns:
+        ``(mean_loss, weight, applied)``, float32, float32 and bool scalar tensors.
+    """
+    mean_loss, grads, weight, samples, _ = summed_loss_gradients(
+        trainer.model, loss, x, y, sample_weight,
+        normalizer=normalizer, optimizer=trainer.optimizer,
+    )
+    applied = trainer.state.step(
+        grads, weight, samples, trainer.optimizer, trainer.model.trainable_variables
+    )
+    return mean_loss, weight, applied
+
+
+def compile_micro_step(step: Callable, example: tuple, jit_compile: bool) -> Callable:
+    """``tf.function(step)``, traced once for micro-batches shaped like ``example``
+    (``(x, y, sample_weight)``) with the batch dimension unknown, so that a ragged (smaller)
+    last micro-batch reuses this trace instead of retracing."""
+    compiled = tf.function(step, reduce_retracing=True, jit_compile=jit_compile)
+    specs = _batch_relaxed_specs(example)
+    if specs is not None:
+        compiled.get_concrete_function(*specs)
+    return compiled
+
+
+# ---------------------------------------------------------------------------- one window, in graph
+def split_window(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any, y: Any,
+                 sample_weight: Any) -> tf.Tensor:
+    """One window of ``trainer`` from the batch ``x`` (with its ``y`` and ``sample_weight``, or
+    ``None``): cut into micro-batches of ``ceil(n / K)`` samples (the last may be smaller),
+    each accumulated as :func:`micro_step` does, then applied once. Traced, not eager.
+
+    Returns:
+        The mean loss over the batch, ``sum c_i L_i / sum c_i`` (float32 scalar tensor).
+    """
+    k = trainer.accum_steps
+    n = tf.shape(first_leaf(x))[0]
+    size = (n + k - 1) // k  # ceil(n / K): the last micro-batch may be smaller
+
+    def take(t, start):
+        return None if t is None else tf.nest.map_structure(
+            lambda a: a[start : start + size], t
+        )
+
+    count = (n + size - 1) // size  # number of non-empty micro-batches (<= K)
+    total_loss = tf.constant(0.0)
+    total_weight = tf.constant(0.0)
+    for i in tf.range(count):  # autograph: a tf.while_loop; one micro-batch alive at a time
+        start = i * size
+        xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
+        mean_loss, grads, weight, samples, _ = summed_loss_gradients(
+            trainer.model, loss, xi, yi, wi, normalizer=normalizer, optimizer=trainer.optimizer,
+        )
+        trainer.state.accumulate(grads, weight, samples, trainer.optimizer, advance=True)
+        total_loss += mean_loss * weight
+        total_weight += weight
+    trainer.state.apply_window(trainer.optimizer)
+    return tf.math.divide_no_nan(total_loss, total_weight)
+
+
+def check_window_step(trainer: AccumTrainer, distributed: bool) -> None:
+    """Refuse a ``window_step`` under a ``tf.distribute`` strategy (``distributed``) or on a
+    pending window (it must start on an empty window, as it closes the window it opens)."""
+    if distributed:
+        raise NotImplementedError(
+            "`window_step` splits one batch on one device; under a tf.distribute strategy "
+            "use `trainer.fit(dataset_of_micro_batches)` (or `train_micro_batch`), which "
+            "splits every micro-batch across the replicas."
+        )
+    if int(trainer.state.micro_step.numpy()) != 0:
+        raise ValueError(
+            "`window_step` needs an empty window, but a partial window is pending from "
+            "micro-batch training: call `trainer.flush()` first."
+        )
+
+
+def ragged_under_xla(trainer: AccumTrainer, x: Any) -> bool:
+    """Whether the batch ``x`` must run without XLA: ``trainer`` compiles with XLA and K does
+    not divide the batch size (or it is unknown). XLA clamps an out-of-range slice to its
+    static size, so a smaller last micro-batch would silently re-read samples of the one before
+    it (issue 5 found this; tests/test_benchmarks.py)."""
+    n = first_leaf(x).shape[0]
+    return trainer.jit_compile and (n is None or n % trainer.accum_steps != 0)
