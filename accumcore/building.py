@@ -1,20 +1,30 @@
-"""Building :class:`~accumcore.AccumTrainer` on a micro-batch, and following its trainable set.
+"""How each entry point builds for its model before :func:`accumcore.entry.prepare`.
 
-:func:`build_model_and_optimizer` builds the model (by calling it on the micro-batch, if it is
-unbuilt) and the optimizer, eagerly, before any accumulator is made
-(:func:`accumcore.entry.prepare` makes them). When the trainable set has changed since the
-accumulators were made (layers frozen or unfrozen), :func:`check_new_trainable_set` first
-checks that it may be followed: no window is pending, and the optimizer can update every
-variable (a built Keras optimizer cannot take new ones).
+``AccumModel`` (:func:`~accumcore.building.prepare_model` when ``fit`` traces,
+:func:`~accumcore.building.build_on_first_batch` for an unbuilt subclass) checks what
+``keras.Model.fit`` would (:func:`~accumcore.building.check_trainable`) first.
+
+``AccumTrainer``: :func:`~accumcore.building.build_model_and_optimizer` builds the model (by
+calling it on the micro-batch, if it is unbuilt) and the optimizer, eagerly, before any
+accumulator is made (:func:`accumcore.entry.prepare` makes them). When the trainable set has
+changed since the accumulators were made (layers frozen or unfrozen),
+:func:`~accumcore.building.check_new_trainable_set` first checks that it may be followed: no
+window is pending, and the optimizer can update every variable (a built Keras optimizer cannot
+take new ones).
 """
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import keras
+import tensorflow as tf
 
-from accumcore.core import first_leaf
+from accumcore import entry
+from accumcore.config import check_optimizer, warn_if_float16_without_loss_scaling
+from accumcore.core import first_leaf, resolve_normalizer
 from accumcore.layout import variable_name
 from accumcore.state import AccumulationState
 
@@ -66,3 +76,122 @@ def check_new_trainable_set(state: AccumulationState, optimizer: keras.optimizer
             "optimizer before training on, as `model.compile` does for fine-tuning: "
             "`trainer.optimizer = keras.optimizers.Adam(1e-5)`."
         )
+
+
+def check_trainable(model) -> bool:
+    """Whether an ``AccumModel`` has anything to train; warns (as ``keras.Model.fit`` does)
+    if not.
+
+    Raises:
+        ValueError: if a partial window is pending while the model has no trainable
+            variables left (the pending gradients belong to variables now frozen).
+    """
+    if model.trainable_variables:
+        return True
+    pending = model.accumulation.pending_micro_batches()
+    if pending:
+        raise ValueError(
+            "The model has no trainable variables now, but a partial window of "
+            f"{pending} micro-batch(es) is pending from before they were frozen: call "
+            "`model.flush()` before freezing (`model.trainable = False`), or unfreeze the model."
+        )
+    warnings.warn(
+        f"AccumModel {model.name!r} has no trainable variables (`model.trainable = False`, "
+        "or every layer frozen): there is nothing to train, so this `fit` only computes the "
+        "loss and metrics, as keras.Model.fit does (\"The model does not have any "
+        "trainable weights\"). To train, set `model.trainable = True` (or unfreeze some "
+        "layers), then `compile` again.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def needs_build(model: keras.Model) -> bool:
+    """True while ``model`` has no variables yet (an unbuilt subclass)."""
+    return not model.built or not model.variables
+
+
+def prepare_model(model, traced_normalizer: str | Callable) -> str | Callable:
+    """``AccumModel.build_accumulation``: check the model can accumulate, then
+    :func:`~accumcore.entry.prepare` its state when a new ``train_function`` is traced (its
+    trainable set and the compiled loss's normaliser); a traced one keeps both, as Keras keeps
+    its trainable set.
+
+    Args:
+        traced_normalizer: the normaliser the state accumulates with now.
+
+    Returns:
+        The normaliser to accumulate with from now on (resolved from the compiled loss).
+    """
+    if model.accum_steps is None:
+        raise ValueError(
+            "AccumModel was created without `accum_steps` (K, the number of micro-batches "
+            "per optimizer update), so it would silently train with K = 1. Pass it when "
+            "creating the model (`AccumModel(inputs, outputs, accum_steps=4)`; "
+            "`accum_steps=1` for no accumulation) or call "
+            "`model.set_accumulation(accum_steps=K)`. (keras.models.clone_model of an "
+            "*uncompiled* AccumModel cannot pass the settings on: set them on the clone.)"
+        )
+    if needs_build(model):
+        raise ValueError(
+            "The model is not built, so accumcore cannot create its accumulators. Give it "
+            "an input shape (keras.Input, `model.build(input_shape)`) or call it once "
+            "(`fit` and `train_on_batch` build it on the first batch)."
+        )
+    if not model.trainable_variables:
+        raise ValueError(
+            "The model has no trainable variables (`model.trainable = False`, or every "
+            "layer frozen): there is nothing to accumulate. Set `model.trainable = True` "
+            "(or unfreeze some layers) and `compile` again."
+        )
+    if model.optimizer is not None:
+        check_optimizer(model.optimizer)
+        warn_if_float16_without_loss_scaling(model, model.optimizer)
+    state = model.accumulation
+    if state.built and getattr(model, "train_function", None) is not None:
+        return traced_normalizer  # the traced step keeps its trainable set (as Keras)
+    normalizer = resolve_normalizer(model.normalizer, getattr(model, "loss", None))
+    if state.built and normalizer != traced_normalizer and state.pending_micro_batches():
+        raise ValueError(
+            "The compiled loss needs another normaliser than the pending window was "
+            "accumulated with: call `model.flush()` before `compile`-ing a loss "
+            "with another reduction."
+        )
+    strategy = model.distribute_strategy
+    with strategy.scope():  # follows a changed trainable set
+        entry.prepare(state, model, normalizer, distributed=strategy.num_replicas_in_sync > 1)
+    return normalizer
+
+
+def build_optimizer(model) -> None:
+    """Build ``model.optimizer`` for the trainable variables, before tracing: a
+    LossScaleOptimizer's ``scale_loss`` must read its loss-scale variable in the traced step,
+    not the constant initial scale of an unbuilt one."""
+    if model.optimizer is not None and not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+
+
+def build_on_first_batch(model, x, traced_normalizer: str | Callable) -> str | Callable:
+    """Build an unbuilt ``AccumModel`` subclass, its accumulators and optimizer from the first
+    batch ``x``'s shapes, eagerly.
+
+    Runs in the first trace of the train step for a model ``fit`` could not build before
+    tracing: the model is called once on ``keras.KerasTensor`` s with the batch's shapes and
+    dtypes (symbolic: no data, no state update), and every variable is created outside the
+    graph (``tf.init_scope``), as ``keras.Model.fit`` builds a plain subclass.
+
+    Returns:
+        The normaliser to accumulate with (:func:`prepare_model`).
+    """
+    def spec(t):
+        return keras.KerasTensor(tuple(t.shape), dtype=tf.as_dtype(t.dtype).name)
+
+    with tf.init_scope():
+        model(tf.nest.map_structure(spec, x), training=False)
+        if not check_trainable(model):
+            return traced_normalizer
+        normalizer = prepare_model(model, traced_normalizer)
+        build_optimizer(model)
+    return normalizer

@@ -131,7 +131,6 @@ class AccumTrainer:
         self._window_fn = tf.function(split, reduce_retracing=True, jit_compile=self.jit_compile)
         # window_step without XLA, for batches K does not divide (steps.ragged_under_xla)
         self._window_ragged_fn = tf.function(split, reduce_retracing=True)
-        self._flush_fn = None
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:

@@ -23,7 +23,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore import compat, entry, model_protocol
+from accumcore import building, compat, entry, model_protocol
 from accumcore.config import check_settings
 from accumcore.core import batch_size_of, replica_loss_factor, summed_loss_gradients
 from accumcore.denominators import counted, uncounted
@@ -277,10 +277,6 @@ class AccumModel(keras.Model):
         return [self._accum_loss_tracker, *others]
 
     # ------------------------------------------------------------------ building
-    def _needs_build(self) -> bool:
-        """True while the model has no variables yet (an unbuilt subclass)."""
-        return not self.built or not self.variables
-
     def build_accumulation(self) -> None:
         """Create the accumulators (called by ``fit`` once model and optimizer are built).
 
@@ -288,18 +284,18 @@ class AccumModel(keras.Model):
         ``compile``), the accumulators follow the trainable set (fine-tuning: freeze, ``fit``,
         unfreeze, ``compile``, ``fit``) and the normaliser follows the compiled loss's
         reduction. Without ``compile`` Keras keeps training the set it traced, and so does
-        accumcore (:func:`accumcore.entry.prepare_model`).
+        accumcore (:func:`accumcore.building.prepare_model`).
         """
-        entry.prepare_model(self)
+        self._accum_normalizer = building.prepare_model(self, self._accum_normalizer)
 
     def make_train_function(self, force: bool = False):
         if self.accum_steps is None:
             self.build_accumulation()  # raises, naming `accum_steps`
         # An unbuilt subclass is built in the first traced step instead, from the first batch
-        # (`entry.build_on_first_batch`), as keras.Model.fit builds a plain subclass.
-        if not self._needs_build() and entry.check_trainable(self):
+        # (`building.build_on_first_batch`), as keras.Model.fit builds a plain subclass.
+        if not building.needs_build(self) and building.check_trainable(self):
             self.build_accumulation()
-            entry.build_optimizer(self)
+            building.build_optimizer(self)
         return super().make_train_function(force)
 
     def fit(self, *args: Any, **kwargs: Any):
@@ -325,8 +321,9 @@ class AccumModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        if self._needs_build():
-            entry.build_on_first_batch(self, x)
+        if building.needs_build(self):
+            self._accum_normalizer = building.build_on_first_batch(
+                self, x, self._accum_normalizer)
         if not self.trainable_variables:  # nothing to train: loss and metrics only, as Keras
             return self._forward_step(x, y, sample_weight, training=True)
         out = summed_loss_gradients(

@@ -18,7 +18,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from accumcore import compat, entry
+from accumcore import building, compat, entry
 from accumcore.config import check_optimizer
 from accumcore.layout import saved_micro_step
 
@@ -169,7 +169,8 @@ class AccumulationStore(keras.layers.Layer):
 def values_to_save(model) -> list[Any]:
     """The accumulation state's values (numpy), in the file's order; empty: nothing to save."""
     if not model.accumulation.built:
-        if model._needs_build() or not model.trainable_variables or model.accum_steps is None:
+        if (building.needs_build(model) or not model.trainable_variables
+                or model.accum_steps is None):
             return []
         model.build_accumulation()  # zeros: a file always restores a clean window
     return [v.numpy() for v in model.accumulation.variables_for_saving()]

@@ -22,7 +22,7 @@ import pytest
 from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
 
 import accumcore as ac
-from accumcore import entry
+from accumcore import building
 
 N, MICRO, K, EPOCHS = 38, 4, 3, 2
 
@@ -165,7 +165,7 @@ def test_traced_train_step_is_within_1_5x_of_a_minimal_accumulator():
     model = mlp(ac.AccumModel, accum_steps=4)
     model.compile(keras.optimizers.Adam(1e-3), LOSS)
     model.build_accumulation()
-    entry.build_optimizer(model)
+    building.build_optimizer(model)
     ours = bm.graph_op_count(tf.function(model.train_step).get_concrete_function(spec))
 
     floor_acc = minimal.MinimalAccumulator(mlp(keras.Model), keras.optimizers.Adam(1e-3),
