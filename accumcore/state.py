@@ -65,8 +65,7 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what to do with a micro-batch whose gradient contains NaN or Inf (or
-            sums beyond the float range: :mod:`accumcore.nonfinite`):
+        nonfinite: what a non-finite gradient does (:mod:`accumcore.nonfinite`: what counts):
             ``"raise"`` (default: freeze the state before that micro-batch and raise
             :class:`~accumcore.NonFiniteGradientError` from the Python side),
             ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),
