@@ -83,8 +83,16 @@ def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
     (:func:`~accumcore.nonfinite.element_sum`: one pass per gradient;
     :meth:`NonFiniteGuard.admit` computes the same, keeping the per-gradient flags for the
     diagnosis)."""
-    sums = [element_sum(g) for g in grads if g is not None]
-    return tf.logical_not(tf.reduce_all(finite_each([*sums, tf.cast(weight, tf.float32)])))
+    return tf.logical_not(tf.reduce_all(gradient_checks(grads, weight)))
+
+
+def gradient_checks(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
+    """bool vector: whether each gradient present (not ``None``) has a finite
+    :func:`~accumcore.nonfinite.element_sum`, then whether ``weight`` is finite: the flags
+    :func:`has_nonfinite` reduces and the freeze's diagnosis reads."""
+    axes: dict = {}  # one reduction-axes constant per rank, shared by the sums
+    sums = [element_sum(g, axes) for g in grads if g is not None]
+    return finite_each([*sums, tf.cast(weight, tf.float32)])
 
 
 @dataclass(frozen=True)
@@ -173,10 +181,7 @@ class NonFiniteGuard:
         present = [(i, g) for i, g in enumerate(grads) if g is not None]
         checks = None  # per-gradient finiteness (the weight's last), reused by the diagnosis
         if policy.should_skip is has_nonfinite:
-            # One pass per gradient: its element sum (`element_sum`), all checked at once.
-            axes: dict = {}
-            sums = [element_sum(g, axes) for _, g in present]
-            checks = finite_each([*sums, weight])
+            checks = gradient_checks(grads, weight)  # one pass per gradient
             ok = tf.reduce_all(checks)
         else:
             ok = tf.logical_not(policy.should_skip(grads, weight))
