@@ -152,6 +152,7 @@ class MicroBatchResult(NamedTuple):
     weight: tf.Tensor  # c_i, float32 scalar
     samples: tf.Tensor  # number of samples, int32 scalar
     y_pred: Any  # the model's outputs, for metrics
+    weighted_loss: tf.Tensor  # weight * loss, float32 scalar (the logged mean's numerator)
 
 
 def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
@@ -216,8 +217,9 @@ def summed_loss_gradients(
         # multiplies the (float32) variable gradients afterwards.
         weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and not (
             summed_loss)
-        summed = optimizer.scale_loss(loss if summed_loss or weigh_after else loss * weight)
+        weighted_loss = loss * weight
+        summed = optimizer.scale_loss(loss if summed_loss or weigh_after else weighted_loss)
     grads = tape.gradient(summed, variables)
     if weigh_after:
         grads = [_scaled_gradient(g, weight) for g in grads]
-    return MicroBatchResult(loss, grads, weight, samples, y_pred)
+    return MicroBatchResult(loss, grads, weight, samples, y_pred, weighted_loss)

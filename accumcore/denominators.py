@@ -426,9 +426,8 @@ def micro_batch_weight(
     """
     if callable(normalizer):
         return tf.stop_gradient(tf.cast(normalizer(x, y, sample_weight), tf.float32))
-    samples = tf.cast(samples, tf.float32)
     if normalizer == "sum":
-        return samples
+        return tf.cast(samples, tf.float32)
     known = [r for r in records if r.kind != "unknown"]
     if len(known) < len(records) or not records:
         _warn_unseen_mask(
@@ -437,9 +436,9 @@ def micro_batch_weight(
         if not known:
             if normalizer == "sample_weight" and sample_weight is not None:
                 return tf.stop_gradient(tf.reduce_sum(tf.cast(sample_weight, tf.float32)))
-            return samples
+            return tf.cast(samples, tf.float32)
     record = _the_denominator(normalizer, known)
-    return samples if normalizer == "samples" else record.value
+    return tf.cast(samples, tf.float32) if normalizer == "samples" else record.value
 
 
 def _the_denominator(normalizer: str, known: Sequence[Denominator]) -> Denominator:

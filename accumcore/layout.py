@@ -41,10 +41,11 @@ def describe_change(old: list[str], new: list[str]) -> str:
 
 
 class Scalar(NamedTuple):
-    """One scalar variable of the state (int64, or float32 for a float ``initial``)."""
+    """One scalar variable of the state (int64, or float32 for a float ``initial``; an int64
+    vector for a tuple ``initial``: the guard's record)."""
 
     name: str
-    initial: int | float
+    initial: int | float | tuple
     summed: bool  # under a strategy: SUM over the replicas (else the first replica's value)
     reported: bool  # in counters()
     saved: bool  # in variables_for_saving()
@@ -64,12 +65,11 @@ SCALARS = (
     Scalar("samples_seen", 0, summed=True, reported=True, saved=True),
     Scalar("samples_dropped", 0, summed=True, reported=True, saved=True),
     Scalar("window_poisoned", 0, summed=False, reported=False, saved=True),
-    # Where a non-finite gradient froze the state (-1: not frozen).
-    Scalar("nonfinite_micro_step", -1, summed=False, reported=False, saved=False),
-    Scalar("nonfinite_window_position", -1, summed=False, reported=False, saved=False),
-    Scalar("nonfinite_variable", -1, summed=False, reported=False, saved=False),
-    # Micro-batches refused while frozen (seen after the bad one, not used).
-    Scalar("nonfinite_unused", 0, summed=False, reported=False, saved=False),
+    # The non-finite guard (accumcore.nonfinite.NonFiniteGuard): micro-batches refused since
+    # it froze (0: not frozen), and where it froze (a vector: micro-step, window position,
+    # first offending variable; -1 each while not frozen).
+    Scalar("nonfinite_refused", 0, summed=False, reported=False, saved=False),
+    Scalar("nonfinite_record", (-1, -1, -1), summed=False, reported=False, saved=False),
 )
 
 
@@ -109,26 +109,30 @@ def new_accumulators(variables: Sequence, placement: Callable[..., dict]) -> lis
     ]
 
 
-def new_scalars(placement: Callable[..., dict]) -> dict[str, tf.Variable]:
-    """Every scalar of :data:`SCALARS` at its initial value, by name (``placement``: as for
-    :func:`new_accumulators`)."""
-    return {
+def new_scalars(placement: Callable[..., dict]) -> tuple[dict, dict]:
+    """Every scalar of :data:`SCALARS` at its initial value, by name: ``(saved, unsaved)``
+    (``placement``: as for :func:`new_accumulators`). The state tracks the saved ones; the
+    unsaved ones (the non-finite guard's) are in no checkpoint: a state is not saved frozen,
+    and files written before the guard changed still match."""
+    made = {
         s.name: tf.Variable(
             tf.constant(s.initial, tf.float32 if isinstance(s.initial, float) else tf.int64),
             trainable=False, name=s.name, **placement(s.summed))
         for s in SCALARS
     }
+    saved = {s.name: made[s.name] for s in SCALARS if s.saved}
+    return saved, {name: v for name, v in made.items() if name not in saved}
 
 
-def pieces(state) -> tuple[Window, Counters, NonFiniteGuard]:
+def pieces(state, unsaved: dict[str, tf.Variable]) -> tuple[Window, Counters, NonFiniteGuard]:
     """The :class:`~accumcore.window.Window`, :class:`~accumcore.window.Counters` and
-    :class:`~accumcore.nonfinite.NonFiniteGuard` over a built state's variables."""
+    :class:`~accumcore.nonfinite.NonFiniteGuard` over a built state's variables (``unsaved``:
+    the scalars not saved, by name, which the state keeps out of checkpoints)."""
     parts, s = state.replicas.parts, state
     window = Window(s.accumulators, s.window_weight, s.micro_step, s.window_samples,
                     s.window_poisoned, parts, state.replicas.distributed)
     counters = Counters({name: getattr(s, name) for name in Counters.NAMES}, parts)
-    guard = NonFiniteGuard(s.nonfinite_micro_step, s.nonfinite_window_position,
-                           s.nonfinite_variable, s.nonfinite_unused, parts)
+    guard = NonFiniteGuard(unsaved["nonfinite_refused"], unsaved["nonfinite_record"], parts)
     return window, counters, guard
 
 

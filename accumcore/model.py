@@ -45,8 +45,13 @@ class _ScalarMean(keras.metrics.Mean):
         value = tf.cast(values, self.dtype)
         weight = tf.constant(1.0, self.dtype) if sample_weight is None else tf.cast(
             sample_weight, self.dtype)
-        self.total.assign_add(value * weight)
-        self.count.assign_add(weight)
+        self.add_weighted(value * weight, weight)
+
+    def add_weighted(self, weighted_value, weight) -> None:
+        """``total += weighted_value``, ``count += weight``: a value already multiplied by its
+        weight (the micro-batch's ``weight * loss``, computed once for its gradient)."""
+        self.total.assign_add(tf.cast(weighted_value, self.dtype))
+        self.count.assign_add(tf.cast(weight, self.dtype))
 
 
 class WindowFlushCallback(keras.callbacks.Callback):
@@ -333,7 +338,7 @@ class AccumModel(keras.Model):
         self.accumulation.step(
             out.grads, out.weight, out.samples, self.optimizer, self.trainable_variables
         )
-        self._accum_loss_tracker.update_state(out.loss, sample_weight=out.weight)
+        self._accum_loss_tracker.add_weighted(out.weighted_loss, out.weight)
         logs = self.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
         if not self.accumulation.nonfinite_policy.freeze:  # micro-batches may be skipped
             logs["skipped_micro_batches"] = self.accumulation.micro_batches_skipped

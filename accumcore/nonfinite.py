@@ -82,17 +82,18 @@ def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
     ``weight``, or a gradient whose elements sum beyond the float range
     (:func:`~accumcore.nonfinite.element_sum`: one pass per gradient;
     :meth:`NonFiniteGuard.admit` computes the same, keeping the per-gradient flags for the
-    diagnosis)."""
-    return tf.logical_not(tf.reduce_all(gradient_checks(grads, weight)))
+    diagnosis: :func:`~accumcore.nonfinite.gradients_finite`)."""
+    return tf.logical_not(gradients_finite(grads, weight)[0])
 
 
-def gradient_checks(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
-    """bool vector: whether each gradient present (not ``None``) has a finite
-    :func:`~accumcore.nonfinite.element_sum`, then whether ``weight`` is finite: the flags
-    :func:`has_nonfinite` reduces and the freeze's diagnosis reads."""
-    axes: dict = {}  # one reduction-axes constant per rank, shared by the sums
+def gradients_finite(grads: Sequence, weight: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(all_ok, checks)``: ``checks`` is a bool vector, whether each gradient present (not
+    ``None``) has a finite :func:`~accumcore.nonfinite.element_sum`, then whether ``weight``
+    is finite (the freeze's diagnosis reads it); ``all_ok`` (bool scalar) reduces it."""
+    axes: dict = {}  # one reduction-axes constant per rank, shared by the sums and the flags
     sums = [element_sum(g, axes) for g in grads if g is not None]
-    return finite_each([*sums, tf.cast(weight, tf.float32)])
+    checks = finite_each([*sums, tf.cast(weight, tf.float32)])
+    return tf.reduce_all(checks, axis=_axes(checks, axes)), checks
 
 
 @dataclass(frozen=True)
@@ -139,40 +140,38 @@ class NonFiniteGuard:
     """Freeze, diagnosis and clear for ``nonfinite="raise"``.
 
     Args:
-        micro_step: int64 variable, the run's micro-batch index where the state froze (-1: not
-            frozen).
-        window_position: int64 variable, that micro-batch's position in its window.
-        variable: int64 variable, the index of the first offending trainable variable (-1,
-            or the number of variables: only the micro-batch weight was not finite).
-        unused: int64 variable, micro-batches refused since the freeze (seen, not used).
+        refused: int64 scalar variable, the micro-batches refused since the state froze, the
+            bad one included (0: not frozen).
+        record: int64 variable of shape ``[3]``, where the state froze: the run's micro-batch
+            index, its position in its window and the index of the first offending trainable
+            variable (-1, or the number of variables: only the micro-batch weight was not
+            finite); -1 each while not frozen.
         parts: ``variable -> tuple`` of the copies a write here must reach (one, or every
             local replica's: :meth:`accumcore.distribute.Replicas.parts`).
     """
 
-    def __init__(self, micro_step, window_position, variable, unused,
-                 parts: Callable[[tf.Variable], tuple]) -> None:
-        self.micro_step = micro_step
-        self.window_position = window_position
-        self.variable = variable
-        self.unused = unused
+    def __init__(self, refused, record, parts: Callable[[tf.Variable], tuple]) -> None:
+        self.refused = refused
+        self.record = record
         self._parts = parts
 
     @property
     def frozen(self) -> tf.Tensor:
         """Whether a non-finite gradient froze the state (a bool scalar tensor)."""
-        return self.micro_step >= 0
+        return self.refused > 0
 
     def admit(self, policy: NonFinitePolicy, grads: Sequence, weight: tf.Tensor,
-              add: Callable[[], tf.Tensor], skip: Callable[[], tf.Tensor],
+              add: Callable[[], None], skip: Callable[[], None],
               where: Callable[[], tuple]) -> tf.Tensor:
         """One micro-batch through the policy: ``add()`` unless it is flagged (or the state is
-        frozen, under a freezing policy), else ``skip()`` or :meth:`refuse`, in one ``cond``.
+        frozen, under a freezing policy), else ``skip()`` or :meth:`refuse`, in one ``cond``
+        without outputs (its predicate says what happened).
 
         Args:
             policy: the non-finite policy.
             grads: the micro-batch's gradients (``None`` for variables without one).
             weight: its weight ``c_i`` (float32 scalar).
-            add, skip: the window's two outcomes (bool scalar results).
+            add, skip: the window's two outcomes (they write variables, return nothing).
             where: ``() -> (window position, run micro-step)``, for a freeze's record.
 
         Returns:
@@ -181,56 +180,48 @@ class NonFiniteGuard:
         present = [(i, g) for i, g in enumerate(grads) if g is not None]
         checks = None  # per-gradient finiteness (the weight's last), reused by the diagnosis
         if policy.should_skip is has_nonfinite:
-            checks = gradient_checks(grads, weight)  # one pass per gradient
-            ok = tf.reduce_all(checks)
+            ok, checks = gradients_finite(grads, weight)  # one pass per gradient
         else:
             ok = tf.logical_not(policy.should_skip(grads, weight))
         if not policy.freeze:
-            return tf.cond(ok, add, skip)
+            tf.cond(ok, add, skip)
+            return ok
 
-        recorded = self.micro_step.value()  # read once: the predicate and the record
-        fresh = recorded < 0  # not frozen
+        fresh = tf.equal(self.refused.value(), 0)  # not frozen: read once, predicate and record
+        added = tf.logical_and(ok, fresh)
 
-        def refuse() -> tf.Tensor:
+        def refuse() -> None:
             flags = checks if checks is not None else tf.stack(
                 [*(finite(g) for _, g in present), finite(weight)])
-            return self.refuse(flags, [i for i, _ in present], *where(), fresh=fresh,
-                               recorded=recorded)
+            self.refuse(flags, [i for i, _ in present], *where(), fresh=fresh)
 
-        return tf.cond(tf.logical_and(ok, fresh), add, refuse)
+        tf.cond(added, add, refuse)
+        return added
 
     def refuse(self, flags: tf.Tensor, indices: Sequence[int],
                window_position: tf.Tensor, micro_step: tf.Tensor, *,
-               fresh: tf.Tensor | None = None, recorded: tf.Tensor | None = None) -> tf.Tensor:
+               fresh: tf.Tensor | None = None) -> None:
         """The rare branch of a micro-step: a bad micro-batch freezes the state (recording
-        where, and its first non-finite gradient), a frozen state counts what it refuses.
+        where, and its first non-finite gradient); every refused micro-batch is counted.
 
         Args:
             flags: bool vector, the finiteness of each gradient present, then of the
                 micro-batch weight (``len(indices) + 1`` entries).
             indices: the trainable-variable index of each of those gradients.
             window_position, micro_step: where this micro-batch is (int64 scalars).
-            fresh, recorded: whether the state is not frozen yet and its recorded micro-step
-                (-1), when the caller has read them (:meth:`admit`); read here otherwise.
-
-        Returns:
-            ``False`` (bool scalar): the micro-batch was not added.
+            fresh: whether the state is not frozen yet, when the caller has read it
+                (:meth:`admit`); read here otherwise.
         """
-        if recorded is None:
-            recorded = self.micro_step.value()
-            fresh = recorded < 0
-        self.unused.assign_add(tf.cast(tf.logical_not(fresh), tf.int64))
+        if fresh is None:
+            fresh = tf.equal(self.refused.value(), 0)
+        self.refused.assign_add(1)
         # The first offending gradient: its position among `flags`, len(indices) for the weight
         # (a trainable-variable index once mapped through `indices`; -1 for the weight).
         first = tf.argmin(tf.cast(flags, tf.int32))
         if list(indices) != list(range(len(indices))):
             first = tf.gather(tf.constant([*indices, -1], tf.int64), first)
-        for variable, value, old in ((self.variable, first, None),
-                                     (self.window_position, window_position, None),
-                                     (self.micro_step, micro_step, recorded)):
-            old = variable.value() if old is None else old
-            variable.assign(tf.where(fresh, tf.cast(value, tf.int64), old))
-        return tf.constant(False)
+        where = tf.stack([tf.cast(t, tf.int64) for t in (micro_step, window_position, first)])
+        self.record.assign(tf.where(fresh, where, self.record.value()))
 
     def _local(self, variable: tf.Variable) -> list[int]:
         return [int(part.numpy()) for part in self._parts(variable)]
@@ -241,14 +232,12 @@ class NonFiniteGuard:
 
         Under a strategy: the first local replica that froze (each checks its own shard).
         """
-        steps = self._local(self.micro_step)
-        replica = max(range(len(steps)), key=steps.__getitem__)
-        step = steps[replica]
+        records = [part.numpy().tolist() for part in self._parts(self.record)]
+        replica = max(range(len(records)), key=lambda r: records[r][0])
+        step, position, index = records[replica]
         if step < 0:
             return None
-        position = self._local(self.window_position)[replica]
-        unused = self._local(self.unused)[replica]
-        index = self._local(self.variable)[replica]
+        unused = self._local(self.refused)[replica] - 1  # refused after the bad one
         # len(names) (every variable had a gradient) or -1: only the weight was not finite.
         variable = names[index] if 0 <= index < len(names) else "<micro-batch weight>"
         where = f"epoch {epoch}, " if epoch is not None else ""
@@ -280,7 +269,7 @@ class NonFiniteGuard:
             Whether the state was frozen.
         """
         with tf.init_scope():
-            step = max(self._local(self.micro_step))
+            step = max(int(part.numpy()[0]) for part in self._parts(self.record))
         if step < 0:
             return False
         logger.warning(
@@ -289,7 +278,6 @@ class NonFiniteGuard:
             "micro-batches. Call model.flush() / trainer.flush() before training to apply it "
             "now, or state.drop_window() to discard it.", step, pending, samples,
         )
-        for variable in (self.micro_step, self.window_position, self.variable):
-            variable.assign(-1)
-        self.unused.assign(0)
+        self.record.assign([-1, -1, -1])
+        self.refused.assign(0)
         return True

@@ -37,22 +37,21 @@ def accumulate(state, grads: Sequence, weight, samples, optimizer=None, *,
     # nothing is ever refused (loss scaling); else once, after the decision.
     inside = policy.freeze or scaled
 
-    def add() -> tf.Tensor:
+    def add() -> None:
         window.add(grads, weight, samples)
         if inside:
             counters.samples_seen.assign_add(samples)
             if advance:
                 state.advance()
-        return tf.constant(True)
 
-    def skip() -> tf.Tensor:
+    def skip() -> None:
         counters.skip(samples)
         if policy.skip_window:
             window.poisoned.assign(1)
-        return tf.constant(False)
 
     if scaled:  # no micro-batch is checked: the window is, when it closes
-        return add()
+        add()
+        return tf.constant(True)
     added = guard.admit(policy, grads, weight, add, skip, where=lambda: (
         window.micro_step.value(), counters.micro_batches_seen.value()))
     if not inside:
@@ -75,7 +74,17 @@ def close_if_due(state, optimizer, variables: list, *, force: bool) -> tf.Tensor
         # One replica: a frozen state keeps its window (the Python side raises). Under a
         # strategy the frozen flag is part of the window's status (distribute's close).
         due = tf.logical_and(due, tf.logical_not(state.frozen))
+    if not replicas.distributed and state.nonfinite_policy.freeze and (
+            not loss_scaling.is_loss_scale_optimizer(optimizer)):
+        # Under a freezing policy a due window is always applied (`close`): the cond needs no
+        # outputs, and whether it applied is whether it was due.
+        tf.cond(due, lambda: _no_output(close(state, optimizer, variables)), _no_output)
+        return due
     return tf.cond(due, lambda: close(state, optimizer, variables), lambda: tf.constant(False))
+
+
+def _no_output(*_ignored) -> None:
+    """A ``cond`` branch's result when the ``cond`` has no outputs."""
 
 
 def close(state, optimizer, variables: list) -> tf.Tensor:
@@ -151,4 +160,4 @@ def end_window(state, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.
     for hook in state.window_hooks:
         hook(bool(known))
     state.window.reset()
-    return applied if known is None else tf.constant(bool(known))
+    return applied if tf.is_tensor(applied) else tf.constant(applied)

@@ -75,8 +75,8 @@ class AccumulationState(tf.Module):
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    :data:`accumcore.layout.SCALARS`: the :class:`~accumcore.window.Window`'s, the
-    :class:`~accumcore.window.Counters` and the :class:`~accumcore.nonfinite.NonFiniteGuard`'s.
+    :data:`accumcore.layout.SCALARS`: the :class:`~accumcore.window.Window`'s and the
+    :class:`~accumcore.window.Counters` (the ``guard``'s are in no checkpoint).
     :attr:`window_variables` and :meth:`variables_for_saving` list them.
     """
 
@@ -163,10 +163,12 @@ class AccumulationState(tf.Module):
                 # before the state was built restores the accumulators when they are created.
                 self.accumulators.extend(
                     layout.new_accumulators(variables, self.replicas.placement))
-                for name, variable in layout.new_scalars(self.replicas.placement).items():
-                    setattr(self, name, variable)
+                saved, unsaved = layout.new_scalars(self.replicas.placement)
+            for name, variable in saved.items():
+                setattr(self, name, variable)
+            self._unsaved = _Untracked(unsaved)  # untracked: in no checkpoint
         self._variables = _Untracked(tuple(variables))  # the model's: not the state's to save
-        self._pieces = _Untracked(layout.pieces(self))
+        self._pieces = _Untracked(layout.pieces(self, self._unsaved.value))
         return True
 
     def same_variables(self, variables: Sequence) -> bool:
@@ -202,17 +204,15 @@ class AccumulationState(tf.Module):
 
     @property
     def window_variables(self) -> list[tf.Variable]:
-        """The current window's variables (emptied whenever it ends).
-
-        The accumulators, ``window_weight``, ``micro_step``, ``window_samples`` and
-        ``window_poisoned``."""
+        """The current window's variables, emptied whenever it ends: the accumulators,
+        ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
         return self.window.variables
 
     def variables_for_saving(self) -> list[tf.Variable]:
         """What a saved model holds to resume mid-window, in a fixed order: the accumulators,
         then ``window_weight``, ``micro_step``, ``window_samples``, the six run counters and
-        ``window_poisoned`` (the order of the entries of ``.keras`` files). The non-finite
-        flags are not saved: a frozen state is not saved frozen."""
+        ``window_poisoned`` (the order of the entries of ``.keras`` files). The guard's flags
+        are not saved: a frozen state is not saved frozen."""
         self._check_built()
         return [*self.accumulators, *(getattr(self, s.name) for s in layout.SCALARS if s.saved)]
 
@@ -252,8 +252,8 @@ class AccumulationState(tf.Module):
 
     def advance(self) -> None:
         """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
-        self.micro_batches_seen.assign_add(1)
-        self.window.advance()
+        self.window.advance(one := tf.constant(1, tf.int64))  # one constant for both counts
+        self.micro_batches_seen.assign_add(one)
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
         """Accumulate one micro-batch and close the window when it holds K micro-batches.

@@ -74,14 +74,14 @@ def micro_step(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any, y
     Returns:
         ``(mean_loss, weight, applied)``, float32, float32 and bool scalar tensors.
     """
-    mean_loss, grads, weight, samples, _ = summed_loss_gradients(
+    out = summed_loss_gradients(
         trainer.model, loss, x, y, sample_weight,
         normalizer=normalizer, optimizer=trainer.optimizer,
     )
     applied = trainer.state.step(
-        grads, weight, samples, trainer.optimizer, trainer.model.trainable_variables
+        out.grads, out.weight, out.samples, trainer.optimizer, trainer.model.trainable_variables
     )
-    return mean_loss, weight, applied
+    return out.loss, out.weight, applied
 
 
 def compile_micro_step(step: Callable, example: tuple, jit_compile: bool) -> Callable:
@@ -120,12 +120,13 @@ def split_window(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any,
     for i in tf.range(count):  # autograph: a tf.while_loop; one micro-batch alive at a time
         start = i * size
         xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
-        mean_loss, grads, weight, samples, _ = summed_loss_gradients(
+        out = summed_loss_gradients(
             trainer.model, loss, xi, yi, wi, normalizer=normalizer, optimizer=trainer.optimizer,
         )
-        trainer.state.accumulate(grads, weight, samples, trainer.optimizer, advance=True)
-        total_loss += mean_loss * weight
-        total_weight += weight
+        trainer.state.accumulate(out.grads, out.weight, out.samples, trainer.optimizer,
+                                 advance=True)
+        total_loss += out.weighted_loss
+        total_weight += out.weight
     trainer.state.apply_window(trainer.optimizer)
     return tf.math.divide_no_nan(total_loss, total_weight)
 

@@ -2,13 +2,11 @@
 
 The graph operations of the traced ``train_step`` (both branches of every
 ``cond``), against Keras's ``train_step`` with ``gradient_accumulation_steps`` on the same
-model. Issue 19's target is "no more than Keras's"; accumcore's step also checks every
-micro-batch's gradients for NaN/Inf (Keras does not), and that check, with its rarely taken
-freeze branch, is the whole gap: without it the same step has 407 operations, 20 below Keras's
-427 (measured by replacing ``NonFiniteGuard.admit`` with the bare add, Keras 3.15 and 3.10,
-2026-12-02). The check is one sum per gradient (``nonfinite.element_sum``), 43 operations with
-its freeze branch. The test holds the measured gap as a ceiling: a change that adds operations
-to the hot path fails here.
+model (MLP, Adam). Issue 19's target is "no more than Keras's, with the non-finite check
+kept": 426 against Keras's 427 (Keras 3.15 and 3.10, 2026-12-02; 450 before the guard's state
+became two variables and the micro-step's ``cond`` lost its outputs, 516 before the hot path
+was first trimmed). The check (one sum per gradient, ``nonfinite.element_sum``, and its rarely
+taken freeze branch) is 28 of them: without it the same step has 398.
 """
 
 import keras
@@ -18,10 +16,9 @@ import accumcore
 from accumcore.lab import benchmarking as bm
 from accumcore.nonfinite import NonFiniteGuard
 
-#: Graph operations accumcore's train_step may have beyond Keras's accumulating one (MLP,
-#: Adam): 23 measured on Keras 3.15 on 2026-12-02 (450 vs 427; 458 with a per-element
-#: check, 516 before the hot path was trimmed), all of it the non-finite check.
-OPS_OVER_KERAS_CEILING = 23
+#: Graph operations of the non-finite check and its freeze branch: 28 measured on Keras 3.15
+#: and 3.10 on 2026-12-02 (43 before the guard's state became two variables).
+CHECK_OPS_CEILING = 28
 
 
 def _op_counts() -> tuple[int, int]:
@@ -42,15 +39,17 @@ def _op_counts() -> tuple[int, int]:
     return accum, keras_ga
 
 
-def test_train_step_graph_ops_stay_within_the_measured_gap_to_keras():
-    accum, keras_ga = _op_counts()
-    assert accum - keras_ga <= OPS_OVER_KERAS_CEILING, (accum, keras_ga)
-
-
-def test_without_the_nonfinite_check_the_step_is_no_heavier_than_keras(monkeypatch):
-    # The claim above: every operation over Keras's is the check's. The bare add in place of
-    # the guard's decision (what a LossScaleOptimizer's micro-step runs).
-    monkeypatch.setattr(NonFiniteGuard, "admit",
-                        lambda self, policy, grads, weight, add, skip, where: add())
+def test_train_step_with_the_nonfinite_check_is_no_heavier_than_keras(monkeypatch):
     accum, keras_ga = _op_counts()
     assert accum <= keras_ga, (accum, keras_ga)
+    # The check's own share, held to its measured size: the bare add in place of the
+    # guard's decision (what a LossScaleOptimizer's micro-step runs).
+    monkeypatch.setattr(NonFiniteGuard, "admit",
+                        lambda self, policy, grads, weight, add, skip, where: _added(add))
+    unchecked, _ = _op_counts()
+    assert accum - unchecked <= CHECK_OPS_CEILING, (accum, unchecked)
+
+
+def _added(add) -> tf.Tensor:
+    add()
+    return tf.constant(True)

@@ -271,7 +271,7 @@ def test_frozen_state_refuses_later_micro_batches_exactly():
     assert info.value.variable == variables[1].path
     assert state.clear_nonfinite()
     state.raise_if_nonfinite()  # cleared: nothing to raise
-    assert int(state.nonfinite_unused.numpy()) == 0
+    assert int(state.guard.refused.numpy()) == 0
 
 
 # ---------------------------------------------------------------------------- all skipped

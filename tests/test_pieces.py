@@ -96,7 +96,8 @@ def test_counters_dropped_window_is_not_counted_as_skipped():
 
 
 def test_guard_records_the_first_freeze_only_and_clears():
-    guard = NonFiniteGuard(_scalar(-1), _scalar(-1), _scalar(-1), _scalar(0), lambda v: (v,))
+    guard = NonFiniteGuard(_scalar(0), tf.Variable(tf.constant([-1, -1, -1], tf.int64)),
+                           lambda v: (v,))
     assert not bool(guard.frozen)
     assert guard.error(["a", "b", "c"], 4) is None
     # variables 0 and 2 have gradients; the one of variable 2 is not finite
