@@ -103,15 +103,15 @@ def close(state, optimizer, variables: list) -> tf.Tensor:
         return state.replicas.close(state, optimizer, variables)
     window = state.window
 
-    def update() -> tf.Tensor:
-        grads = window.mean(window.weight.value(), normalize=state.normalize)
-        return apply_update(optimizer, variables, grads)
+    def mean() -> list:
+        return window.mean(window.weight.value(), normalize=state.normalize)
 
     if state.nonfinite_policy.freeze or loss_scaling.is_loss_scale_optimizer(optimizer):
-        applied = update()  # True, unless a LossScaleOptimizer skips the window itself
-    else:
-        skip = tf.logical_or(window.poisoned > 0, window.samples <= 0)
-        applied = tf.cond(skip, lambda: tf.constant(False), update)
+        grads = mean()  # applied, unless a LossScaleOptimizer skips the window itself
+        return end_window(state, apply_update(optimizer, variables, grads), like=grads)
+    skip = tf.logical_or(window.poisoned > 0, window.samples <= 0)
+    applied = tf.cond(skip, lambda: tf.constant(False),
+                      lambda: apply_update(optimizer, variables, mean()))
     return end_window(state, applied)
 
 
@@ -138,7 +138,8 @@ def apply_update(optimizer, variables: list, grads: list, *,
     return loss_scaling.window_applied(target, grads)
 
 
-def end_window(state, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
+def end_window(state, applied: tf.Tensor | bool, *, counted: bool = True,
+               like: list | None = None) -> tf.Tensor:
     """Every window ends here, applied, skipped or dropped: counted, the window hooks run,
     then emptied (under a strategy: every local copy, from cross-replica context).
 
@@ -148,16 +149,18 @@ def end_window(state, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.
             branch per outcome.
         counted: count the window in ``windows_applied`` / ``windows_skipped`` (``False``: a
             dropped window, counted only in ``samples_dropped``).
+        like: the window's mean gradient, if computed here (one device): what
+            :meth:`~accumcore.window.Window.reset` shapes its zeros like.
 
     Returns:
         bool scalar: ``applied``.
     """
     known = tf.get_static_value(applied)
     if known is None and state.window_hooks:
-        return tf.cond(applied, lambda: end_window(state, True, counted=counted),
-                       lambda: end_window(state, False, counted=counted))
+        return tf.cond(applied, lambda: end_window(state, True, counted=counted, like=like),
+                       lambda: end_window(state, False, counted=counted, like=like))
     state.run_counters.end_window(applied, state.window.samples, counted=counted)
     for hook in state.window_hooks:
         hook(bool(known))
-    state.window.reset()
+    state.window.reset(like)
     return applied if tf.is_tensor(applied) else tf.constant(applied)

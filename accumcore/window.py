@@ -100,10 +100,19 @@ class Window:
             grads.append(total)
         return grads
 
-    def reset(self) -> None:
-        """Empty the window (every local copy under a strategy, reading nothing)."""
+    def reset(self, like: Sequence | None = None) -> None:
+        """Empty the window (every local copy under a strategy, reading nothing).
+
+        ``like``: the window's mean gradient just computed in this graph (:meth:`mean`, one
+        entry per accumulator, ``None`` where none): an accumulator with an entry is zeroed as
+        ``ZerosLike`` of it, one graph operation instead of a constant and a fill of its shape.
+        """
         zeros: dict = {}  # dtype -> its scalar 0, shared by the window's variables
-        for variable in self.variables:
+        shaped = [*(like or ()), *[None] * (len(self.variables) - len(like or ()))]
+        for variable, mean in zip(self.variables, shaped, strict=True):
+            if mean is not None:
+                variable.assign(tf.raw_ops.ZerosLike(x=mean))
+                continue
             for part in self._parts(variable):
                 if part.dtype not in zeros:
                     zeros[part.dtype] = tf.zeros((), part.dtype)
