@@ -423,7 +423,7 @@ class ExactBackupAndRestore(SkipTrainedBatches):
 
     @property
     def initial_epoch(self) -> int:
-        """The epoch to pass as ``fit(initial_epoch=...)``: the saved epoch, or 0."""
+        """The epoch to pass as ``fit(initial_epoch=...)``, the saved epoch or 0."""
         meta = self._metadata()
         return int(meta["epoch"]) if meta else 0
 

@@ -195,7 +195,7 @@ class AccumModel(keras.Model):
 
     @property
     def nonfinite(self) -> str | NonFinitePolicy:
-        """The non-finite policy (held by :attr:`accumulation`): its name, or the custom
+        """The non-finite policy (held by :attr:`accumulation`), as its name, or the custom
         :class:`~accumcore.NonFinitePolicy` given."""
         policy = self.accumulation.nonfinite_policy
         return policy.name if NONFINITE.get(policy.name) == policy else policy

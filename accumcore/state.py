@@ -194,7 +194,7 @@ class AccumulationState(tf.Module):
 
     @property
     def strategy(self) -> tf.distribute.Strategy | None:
-        """The ``tf.distribute`` strategy the state was built under (``None``: no strategy)."""
+        """The ``tf.distribute`` strategy the state was built under, or ``None`` (no strategy)."""
         return self.replicas.strategy
 
     @property
@@ -204,7 +204,7 @@ class AccumulationState(tf.Module):
 
     @property
     def window_variables(self) -> list[tf.Variable]:
-        """The current window's variables, emptied whenever it ends: the accumulators,
+        """The current window's variables (emptied whenever it ends); the accumulators,
         ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
         return self.window.variables
 

@@ -45,7 +45,7 @@ class Window:
 
     @property
     def variables(self) -> list[tf.Variable]:
-        """Everything :meth:`reset` empties: the accumulators, weight, count, samples, flag."""
+        """Everything :meth:`reset` empties (accumulators, weight, count, samples, flag)."""
         return [*self.accumulators, self.weight, self.micro_step, self.samples, self.poisoned]
 
     def add(self, grads: Sequence, weight: tf.Tensor, samples: tf.Tensor) -> None:

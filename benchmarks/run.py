@@ -63,6 +63,7 @@ def merge(old: dict, new: dict, only: list[str] | None) -> dict:
     merged = dict(old)
     for part in parts:
         merged[part] = new.get(part)
+    merged["code"] = new["code"]  # the source's sizes now, whatever was re-run
     merged["machine"] = new["machine"]
     merged["created"] = new["created"]
     merged["duration_s"] = old.get("duration_s", 0.0) + new["duration_s"]

@@ -538,3 +538,16 @@ def test_settings_presets():
     assert full.memory_accum_steps == (1, 2, 4, 8, 16)
     with pytest.raises(ValueError, match="Unknown experiments"):
         suite.run_suite(quick, only=["speed"])
+
+
+def test_merge_replaces_the_parts_run_and_takes_the_code_size_now():
+    import run  # benchmarks/run.py (benchmarks/ is on sys.path, see `suite` above)
+
+    old, new = fake_results(), fake_results()
+    old["code"] = {"code_lines": [9999, "24 files"]}  # the source has changed since
+    new["code"] = bm.code_size()
+    new["ops"] = [dict(r, ops=r["ops"] + 1) for r in old["ops"]]
+    merged = run.merge(old, new, ["ops"])
+    assert merged["code"] == new["code"]
+    assert merged["ops"] == new["ops"] and merged["throughput"] == old["throughput"]
+    assert "ops" in merged["merged_parts"]
