@@ -85,6 +85,7 @@ def close_if_due(state, optimizer, variables: list, *, force: bool) -> tf.Tensor
 
 def _no_output(*_ignored) -> None:
     """A ``cond`` branch's result when the ``cond`` has no outputs."""
+    return None  # a body besides the docstring: AutoGraph cannot convert an empty one
 
 
 def close(state, optimizer, variables: list) -> tf.Tensor:

@@ -252,8 +252,8 @@ class AccumulationState(tf.Module):
 
     def advance(self) -> None:
         """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
-        self.window.advance(one := tf.constant(1, tf.int64))  # one constant for both counts
-        self.micro_batches_seen.assign_add(one)
+        # One constant for both counts (AutoGraph cannot convert `:=`).
+        self.micro_batches_seen.assign_add(self.window.advance(tf.constant(1, tf.int64)))
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
         """Accumulate one micro-batch and close the window when it holds K micro-batches.

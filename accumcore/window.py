@@ -69,9 +69,11 @@ class Window:
         self.weight.assign_add(weight)
         self.samples.assign_add(samples)
 
-    def advance(self, one: tf.Tensor | int = 1) -> None:
-        """Count one micro-batch into the window (``one``: the caller's int64 constant 1)."""
+    def advance(self, one: tf.Tensor | int = 1) -> tf.Tensor | int:
+        """Count one micro-batch into the window (``one``: the caller's int64 constant 1);
+        returns ``one``, for the caller's other counts."""
         self.micro_step.assign_add(one)
+        return one
 
     def due(self, count: tf.Tensor, accum_steps: int, *, force: bool) -> tf.Tensor:
         """bool scalar: ``count`` (the window's micro-batches) makes it due: K of them, or any

@@ -40,3 +40,49 @@ def test_relaxed_trace_with_sample_weights_and_numpy_inputs(data):
         trainer.train_micro_batch(x[s], y[s], sw[s], compiled=True)
     assert traces[0] == 1
     assert trainer.state.counters()["micro_batches_seen"] == 3
+
+
+def _library_functions():
+    """Every function and method defined in ``accumcore/`` (not ``lab/``): (where, AST node)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(ac.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        if "lab" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield f"{path.name}:{node.lineno} {node.name}", node
+
+
+def test_library_code_is_convertible_by_autograph():
+    """AutoGraph converts every function a ``tf.function`` calls; on what it cannot parse it
+    prints "AutoGraph could not transform ... Please report this to the TensorFlow team" into
+    the user's output (the book's browser check caught it). Two forms it cannot convert: a body
+    that is only a docstring, and the walrus operator (``:=``)."""
+    import ast
+
+    docstring_only, walrus = [], []
+    for where, node in _library_functions():
+        if any("do_not_convert" in ast.unparse(d) for d in node.decorator_list):
+            continue  # AutoGraph leaves it as it is, silently
+        body = node.body
+        if len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(
+                getattr(body[0], "value", None), ast.Constant) and isinstance(
+                body[0].value.value, str):
+            docstring_only.append(where)
+        if any(isinstance(n, ast.NamedExpr) for n in ast.walk(node)):
+            walrus.append(where)
+    assert docstring_only == [] and walrus == []
+    assert len(list(_library_functions())) > 100  # the walk found the library
+
+
+def test_hot_path_functions_convert():
+    """The functions AutoGraph warned about, converted for real (``tf.autograph.to_graph``
+    raises where it would have warned)."""
+    from accumcore import distribute, rule, state, window
+
+    for function in (state.AccumulationState.advance, rule._no_output, window.Window.advance,
+                     distribute.Replicas.forget):
+        tf.autograph.to_graph(function)
