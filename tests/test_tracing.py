@@ -84,5 +84,5 @@ def test_hot_path_functions_convert():
     from accumcore import distribute, rule, state, window
 
     for function in (state.AccumulationState.advance, rule._no_output, window.Window.advance,
-                     distribute.Replicas.forget):
+                     distribute.Replicas.forget, distribute.Replicas.require_replica_context):
         tf.autograph.to_graph(function)
