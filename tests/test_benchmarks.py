@@ -551,3 +551,45 @@ def test_merge_replaces_the_parts_run_and_takes_the_code_size_now():
     assert merged["code"] == new["code"]
     assert merged["ops"] == new["ops"] and merged["throughput"] == old["throughput"]
     assert "ops" in merged["merged_parts"]
+
+
+def _op(start: float, duration: float, name: str, op_type: str):
+    import profile_step  # benchmarks/ is on sys.path (see `suite` above)
+
+    return profile_step.OpEvent(start, duration, name, op_type)
+
+
+def test_profile_step_cuts_micro_steps_at_the_first_layer_and_splits_by_window_position():
+    """Nine micro-steps whose span depends on the window position (K = 4): the summary gives
+    each position its own median, and sums op time per micro-step by type."""
+    import profile_step
+
+    events, t = [], 0.0
+    span_of = {0: 300.0, 1: 100.0, 2: 100.0, 3: 500.0}
+    for i in range(9):
+        events.append(_op(t, 40.0, "model/dense/Relu", "_FusedMatMul"))  # the first layer
+        events.append(_op(t + 50, 10.0, "model/dense_1/Relu", "_FusedMatMul"))
+        events.append(_op(t + 70, 5.0 if i % 4 else 20.0, "acc/AssignAdd", "AssignAddVariableOp"))
+        t += span_of[i % 4]
+    steps = profile_step.micro_steps(events)
+    assert len(steps) == 8 and all(s[0].name == "model/dense/Relu" for s in steps)
+    summary = profile_step.summarize(steps, spe=1)
+    assert summary["span_by_position_us"] == {0: 300.0, 1: 100.0, 2: 100.0, 3: 500.0}
+    assert summary["busy_by_position_us"] == {0: 70.0, 1: 55.0, 2: 55.0, 3: 55.0}
+    assert summary["top_op_types_us"]["_FusedMatMul"] == pytest.approx(50.0)
+    # steps_per_execution 4: the micro-step ending each call (position 3 here) is left out.
+    assert 3 not in profile_step.summarize(steps, spe=4)["span_by_position_us"]
+    with pytest.raises(ValueError, match="forward pass"):
+        profile_step.micro_steps([_op(0.0, 1.0, "x", "AddV2")])
+
+
+@pytest.mark.slow
+def test_profile_step_profiles_both_fits():
+    import profile_step
+
+    results = profile_step.profile(spe=4, samples=256)
+    assert set(results) == set(profile_step.KINDS)
+    for summary in results.values():
+        assert summary["micro_steps"] > 0
+        assert set(summary["span_by_position_us"]) == set(range(profile_step.ACCUM_STEPS - 1))
+        assert "MatMul" in summary["top_op_types_us"]
