@@ -36,8 +36,10 @@ import suite  # noqa: E402
 KINDS = ("keras_ga", "accumcore", "accumcore_unchecked")
 
 
-def _model(kind: str, spe: int, x, y) -> keras.Model:
-    """A compiled, warmed-up model of ``kind`` (traced while the check is removed, if asked)."""
+def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
+    """The benchmark MLP of ``kind`` (Keras's ``gradient_accumulation_steps=4``, AccumModel, or
+    AccumModel traced while the check is removed), compiled and warmed up (traced, then one more
+    epoch at b=16). ``benchmarks/profile_step.py`` profiles the same models."""
     if kind == "keras_ga":
         model = bm.build_model("mlp")
         optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=4)
@@ -56,7 +58,7 @@ def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, f
     """``{kind: {"best": ratio, "median": ratio, "samples_per_s": best rate}}``: each kind's
     throughput over Keras's (best-of-``rounds`` and median ratios)."""
     x, y = bm.benchmark_data("mlp", samples, "synthetic")
-    models = {kind: _model(kind, spe, x, y) for kind in KINDS}
+    models = {kind: compiled_model(kind, spe, x, y) for kind in KINDS}
     seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for r in range(rounds):
         for kind in KINDS[r % 3:] + KINDS[:r % 3]:

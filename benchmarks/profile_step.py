@@ -36,11 +36,13 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import accumcore  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nonfinite_cost import compiled_model  # noqa: E402  (the same models, built one way)
+
 KINDS = ("keras_ga", "accumcore")
-ACCUM_STEPS = 4
+ACCUM_STEPS = 4  # as compiled_model builds them
 MICRO_BATCH = 16
 
 
@@ -53,21 +55,6 @@ class OpEvent:
     duration_us: float
     name: str
     op_type: str
-
-
-def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
-    """The benchmark MLP of ``kind`` (Keras's ``gradient_accumulation_steps`` or AccumModel),
-    compiled and warmed up (traced, then one more epoch)."""
-    if kind == "keras_ga":
-        model = bm.build_model("mlp")
-        optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=ACCUM_STEPS)
-    else:
-        model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=ACCUM_STEPS)
-        optimizer = keras.optimizers.Adam(1e-3)
-    model.compile(optimizer, bm.LOSS, jit_compile=False, steps_per_execution=spe)
-    for _ in range(2):
-        model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
-    return model
 
 
 def profiled_events(model: keras.Model, x, y, logdir: str) -> list[OpEvent]:
