@@ -34,23 +34,26 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import suite  # noqa: E402
 
 KINDS = ("keras_ga", "accumcore", "accumcore_unchecked")
+ACCUM_STEPS = 4  # K, micro-batches per optimizer update
+MICRO_BATCH = 16  # b, samples per micro-batch
 
 
 def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
-    """The benchmark MLP of ``kind`` (Keras's ``gradient_accumulation_steps=4``, AccumModel, or
-    AccumModel traced while the check is removed), compiled and warmed up (traced, then one more
-    epoch at b=16). ``benchmarks/profile_step.py`` profiles the same models."""
+    """The benchmark MLP of ``kind`` (Keras's ``gradient_accumulation_steps=ACCUM_STEPS``,
+    AccumModel, or AccumModel traced while the check is removed), compiled and warmed up (traced,
+    then one more epoch at b=MICRO_BATCH). ``benchmarks/profile_step.py`` profiles the same
+    models."""
     if kind == "keras_ga":
         model = bm.build_model("mlp")
-        optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=4)
+        optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=ACCUM_STEPS)
     else:
-        model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=4)
+        model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=ACCUM_STEPS)
         optimizer = keras.optimizers.Adam(1e-3)
     model.compile(optimizer, bm.LOSS, jit_compile=False, steps_per_execution=spe)
     unchecked = kind == "accumcore_unchecked"
     with suite.without_nonfinite_check() if unchecked else contextlib.nullcontext():
         for _ in range(2):  # trace, then TensorFlow's own warm-up
-            model.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
     return model
 
 
@@ -63,7 +66,7 @@ def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, f
     for r in range(rounds):
         for kind in KINDS[r % 3:] + KINDS[:r % 3]:
             start = time.perf_counter()
-            models[kind].fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False)
+            models[kind].fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
             seconds[kind].append(time.perf_counter() - start)
     keras_best, keras_median = min(seconds["keras_ga"]), statistics.median(seconds["keras_ga"])
     return {kind: {"best": keras_best / min(t), "median": keras_median / statistics.median(t),

@@ -39,11 +39,13 @@ import tensorflow as tf  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nonfinite_cost import compiled_model  # noqa: E402  (the same models, built one way)
+from nonfinite_cost import (  # noqa: E402  (the same models, built one way)
+    ACCUM_STEPS,
+    MICRO_BATCH,
+    compiled_model,
+)
 
 KINDS = ("keras_ga", "accumcore")
-ACCUM_STEPS = 4  # as compiled_model builds them
-MICRO_BATCH = 16
 
 
 @dataclass(frozen=True)
