@@ -171,8 +171,8 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
     for r in rows:
         integer = isinstance(r["best"], int)
         value = str(r["best"]) if integer else _fmt(r["best"], 3)
-        bound = f"≤ {r['threshold']}" if integer or "operations" in r["target"] else \
-            f"≥ {r['threshold']:g}"
+        bound = f"≤ {r['threshold']:g}" if integer or r.get("at_most") or \
+            "operations" in r["target"] else f"≥ {r['threshold']:g}"
         lines.append(f"| {r['target']} | {r['cell']} | {value} | {_fmt(r['median'], 3)} | "
                      f"{bound} | {'yes' if r['met'] else '**no**'} |")
     files = (results.get("code") or {}).get("files")
@@ -582,6 +582,14 @@ def validate_outputs(out_dir: str, *, allow_errors: bool = False) -> list[str]:
         for rec in results.get("ops") or []:
             if not (rec.get("ops", 0) > 0 and rec.get("minimal_ops", 0) > 0):
                 problems.append(f"ops {rec['model']} {rec['entry']}: no positive count")
+    tests = results.get("unit_tests")
+    if tests is not None:
+        if tests.get("error"):
+            problems.append(f"unit_tests: {tests['error']}")
+        elif not (tests.get("seconds", 0) > 0 and tests.get("passed", 0) > 0):
+            problems.append(f"unit_tests: no positive duration and pass count in {tests}")
+        elif (tests.get("failed") or tests.get("errors")) and not allow_errors:
+            problems.append(f"unit_tests: {tests['failed']} failed, {tests['errors']} errors")
     for rec in results["tracing"]:
         if not (isinstance(rec.get("total"), int) and len(rec.get("per_epoch", [])) == 3):
             problems.append(f"tracing {rec.get('entry')}: malformed {rec}")

@@ -94,6 +94,7 @@ class SuiteSettings:
         probe_start: first micro-batch probed (samples).
         probe_multiple_of: probe only multiples of this (samples).
         probe_cpu_limit_mb: on CPU, the BFC allocator limit that plays the device's memory.
+        unit_tests: time the fast unit tests (:func:`run_unit_tests`; minutes, full mode).
         data: ``"mnist"`` (``accumcore.lab.data.load_mnist``) or ``"synthetic"`` (seeded
             uniform noise of MNIST's shape: speed and memory do not depend on pixel values).
         device: ``"CPU:0"``, ``"GPU:0"``, or ``None`` to pick ``GPU:0`` when there is one.
@@ -125,12 +126,13 @@ class SuiteSettings:
     probe_start: int = 32
     probe_multiple_of: int = 32
     probe_cpu_limit_mb: int = 160
+    unit_tests: bool = True
     data: str = "mnist"
     device: str | None = None
 
     @classmethod
     def full(cls, **overrides: Any) -> SuiteSettings:
-        """The full suite (about 10 minutes on 2 quiet CPU cores)."""
+        """The full suite (about 14 minutes on 2 quiet CPU cores, the unit tests' 3-4 included)."""
         return cls(**overrides)
 
     @classmethod
@@ -154,6 +156,7 @@ class SuiteSettings:
             "tracing_xla": False,
             "ops_models": ("mlp",),
             "probe": False,
+            "unit_tests": False,
             "data": "synthetic",
         }
         settings.update(overrides)
@@ -831,6 +834,46 @@ def run_probe(settings: SuiteSettings, progress: Callable[[str], None] = print
 
 
 # ---------------------------------------------------------------------------- the suite
+#: The fast unit tests as the README runs them (scripts/test.sh), from the repository root.
+UNIT_TESTS_COMMAND = ("-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-m", "not slow",
+                      "-n", "2")
+
+
+def run_unit_tests(progress: Callable[[str], None] = print, timeout: float = 1800.0,
+                   command: Sequence[str] = UNIT_TESTS_COMMAND) -> dict[str, Any]:
+    """Time the fast unit tests in a subprocess (run alone: nothing else of the suite runs).
+
+    ``command``: the interpreter's arguments, run from the repository root.
+
+    Returns:
+        :func:`accumcore.lab.benchmarking.pytest_summary`'s counts and ``seconds`` (pytest's
+        own duration, collection included), plus ``wall_s`` (the whole subprocess, interpreter
+        start-up included), ``returncode`` and ``command``; or ``{"error": ...}`` when pytest
+        printed no summary (it crashed or timed out).
+    """
+    from accumcore.lab.benchmarking import pytest_summary
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    argv = [sys.executable, *command]
+    progress("[unit_tests] " + " ".join(argv[1:]))
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(argv, cwd=root, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+        output, returncode = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as err:
+        output, returncode = f"timed out after {timeout:.0f} s: {err}", None
+    record: dict[str, Any] = {"command": " ".join(["python", *command]),
+                              "wall_s": time.perf_counter() - start, "returncode": returncode}
+    try:
+        record.update(pytest_summary(output))
+    except ValueError as err:
+        record["error"] = str(err)[:600]
+    progress(f"  unit tests: {record.get('passed')} passed, {record.get('failed')} failed in "
+             f"{record.get('seconds')} s")
+    return record
+
+
 def run_suite(settings: SuiteSettings, *, only: Iterable[str] | None = None,
               progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the experiments named in ``only`` (default: all) and return the results dict."""
@@ -847,7 +890,7 @@ def run_suite(settings: SuiteSettings, *, only: Iterable[str] | None = None,
         "device": settings.resolved_device(),
         "machine": machine_info(),
         "throughput": [], "breakdown": [], "memory": [], "tracing": [], "probe": None,
-        "ops": [],
+        "ops": [], "unit_tests": None,
         "code": code_size(),  # the library's source sizes (issue 19), not a measurement
     }
     # Memory and the probe run in subprocesses and tracing counts do not depend on speed, so
@@ -888,6 +931,8 @@ def run_suite(settings: SuiteSettings, *, only: Iterable[str] | None = None,
         t0 = time.perf_counter()
         results["breakdown"] = run_breakdown(settings, progress)
         progress(f"  ({time.perf_counter() - t0:.0f} s)")
+    if "unit_tests" in parts and settings.unit_tests:
+        results["unit_tests"] = run_unit_tests(progress)
     results["machine"]["load_average_end"] = (list(os.getloadavg())
                                               if hasattr(os, "getloadavg") else None)
     results["duration_s"] = time.perf_counter() - start

@@ -359,6 +359,55 @@ def test_lean_targets_decide_on_the_best_of_n_and_report_the_median():
     assert rows[("library code lines", "3 files")]["met"] is True
 
 
+def test_pytest_summary_reads_counts_and_duration_of_the_last_summary_line():
+    output = ("........ [100%]\n= slowest durations =\n1.02s call test_x.py::test_in 0.5s\n"
+              "3 failed, 604 passed, 2 skipped, 64 warnings, 1 error in 213.80s (0:03:33)\n")
+    assert bm.pytest_summary(output) == {"passed": 604, "failed": 3, "errors": 1,
+                                         "skipped": 2, "seconds": 213.8}
+    assert bm.pytest_summary("12 passed in 0.51s") == {
+        "passed": 12, "failed": 0, "errors": 0, "skipped": 0, "seconds": 0.51}
+    with pytest.raises(ValueError, match="no pytest summary"):
+        bm.pytest_summary("Segmentation fault (core dumped)")
+
+
+def test_run_unit_tests_records_pytests_counts_and_duration(tmp_path):
+    tests = tmp_path / "test_two.py"
+    tests.write_text("def test_passes():\n    pass\n\n\ndef test_fails():\n    assert 0\n")
+    said = []
+    record = suite.run_unit_tests(said.append, command=("-m", "pytest", str(tests), "-q",
+                                                        "-p", "no:cacheprovider"))
+    assert (record["passed"], record["failed"], record["returncode"]) == (1, 1, 1)
+    assert 0 < record["seconds"] <= record["wall_s"] and "test_two.py" in record["command"]
+    assert said[-1].startswith("  unit tests: 1 passed, 1 failed")
+    crashed = suite.run_unit_tests(said.append, command=("-c", "print('no tests here')"))
+    assert "no pytest summary" in crashed["error"] and crashed["returncode"] == 0
+
+
+def test_unit_tests_target_needs_the_time_and_no_failure(tmp_path):
+    def with_tests(**record) -> dict:
+        return dict(fake_results(), unit_tests={"passed": 607, "failed": 0, "errors": 0,
+                                                "skipped": 0, "seconds": 150.0, **record})
+
+    def row(**record):
+        rows = bm.lean_targets(with_tests(**record))
+        (found,) = [r for r in rows if r["target"].startswith("fast unit")]
+        return found
+
+    assert row()["met"] is True and row()["cell"] == "607 passed"
+    assert row(seconds=213.8)["met"] is False  # over 180 s
+    assert row(failed=2)["met"] is False and row(failed=2)["cell"] == "607 passed, 2 failed"
+    assert not [r for r in bm.lean_targets(fake_results()) if r["target"].startswith("fast")]
+    results = with_tests(seconds=213.8)
+    results["targets"] = bm.evaluate_targets(results)
+    text = open(os.path.join(write_fake_run(tmp_path, results), "RESULTS.md"),
+                encoding="utf-8").read()
+    assert "| fast unit tests (seconds) | 607 passed | 213.800 | — | ≤ 180 | **no** |" in text
+    broken = dict(results, unit_tests={"error": "no pytest summary line", "returncode": -9})
+    (tmp_path / "broken").mkdir()
+    assert any("unit_tests: no pytest summary" in p
+               for p in report.validate_outputs(write_fake_run(tmp_path / "broken", broken)))
+
+
 def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
     import nonfinite_cost  # benchmarks/ is on sys.path (see `suite` above)
 

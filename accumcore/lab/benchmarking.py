@@ -59,6 +59,11 @@ Tracing
     How often each compiled function is traced over 3 epochs of a dataset whose last batch is
     ragged: counted in Python, by the number of times the step's body (the loss, or
     ``train_step``) runs while a graph is being built.
+
+Unit tests (seconds; full mode only)
+    The fast unit tests as the README runs them (``pytest tests -m "not slow" -n 2``), in a
+    subprocess, after everything else: pytest's own duration and counts
+    (:func:`pytest_summary`), against :data:`UNIT_TESTS_SECONDS_TARGET`.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ import ast
 import io
 import json
 import pathlib
+import re
 import tokenize
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -131,7 +137,7 @@ MEMORY_METHODS: dict[str, str] = {
     "accum_model": "accumcore AccumModel train_step (train_on_batch)",
 }
 #: The experiments of the suite (``run_suite(only=...)``, ``benchmarks/run.py --only``).
-EXPERIMENTS = ("throughput", "breakdown", "memory", "tracing", "probe", "ops")
+EXPERIMENTS = ("throughput", "breakdown", "memory", "tracing", "probe", "ops", "unit_tests")
 #: Target thresholds of the issue.
 FIT_RATIO_TARGET = 1.0  # (4)/(3): AccumModel.fit at least as fast as Keras's own accumulation
 FLOOR_RATIO_TARGET = 0.95  # best of (5)/(6) over the floor (8): overhead <= 5 %
@@ -486,6 +492,13 @@ def lean_targets(results: dict) -> list[dict[str, Any]]:
             rows.append({"target": "train_step graph operations <= Keras's accumulating one",
                          "cell": f"{model}: {mine} vs {keras_ga}", "best": mine / keras_ga,
                          "median": None, "threshold": 1.0, "met": mine <= keras_ga})
+    tests = results.get("unit_tests")
+    if tests and tests.get("seconds"):
+        rows.append({"target": "fast unit tests (seconds)", "cell": unit_tests_cell(tests),
+                     "best": tests["seconds"], "median": None,
+                     "threshold": UNIT_TESTS_SECONDS_TARGET, "at_most": True,
+                     "met": tests["seconds"] <= UNIT_TESTS_SECONDS_TARGET
+                     and not tests["failed"] and tests["passed"] > 0})
     code = results.get("code")
     if code:
         for key, label, limit in (("largest_class", "largest class (lines)", 299),
@@ -495,6 +508,40 @@ def lean_targets(results: dict) -> list[dict[str, Any]]:
             rows.append({"target": label, "cell": where, "best": value, "median": None,
                          "threshold": limit, "met": value <= limit})
     return rows
+
+
+#: Issue 19: the fast unit tests (``pytest -m "not slow" -n 2``, as the README runs them)
+#: take under this many seconds on the project's 2-core machine.
+UNIT_TESTS_SECONDS_TARGET = 180.0
+
+
+def pytest_summary(output: str) -> dict[str, Any]:
+    """pytest's counts and its own duration from the summary line at the end of ``output``
+    (``"607 passed, 64 warnings in 213.80s (0:03:33)"``).
+
+    Returns:
+        ``{"passed", "failed", "errors", "skipped": int, "seconds": float}`` (counts pytest
+        did not print are 0).
+
+    Raises:
+        ValueError: if ``output`` holds no summary line (pytest crashed or was killed).
+    """
+    lines = [ln for ln in output.splitlines() if re.search(r"\bin [0-9.]+s\b", ln)]
+    if not lines:
+        raise ValueError("no pytest summary line ('... passed ... in N.NNs') in the output: "
+                         + output[-500:])
+    line = lines[-1]
+    counts = dict.fromkeys(("passed", "failed", "errors", "skipped"), 0)
+    for number, word in re.findall(r"(\d+) (passed|failed|errors?|skipped)", line):
+        counts["errors" if word.startswith("error") else word] = int(number)
+    counts["seconds"] = float(re.search(r"\bin ([0-9.]+)s\b", line).group(1))
+    return counts
+
+
+def unit_tests_cell(record: dict) -> str:
+    """How a unit-test timing is shown in a target row: its counts."""
+    failed = record["failed"] + record["errors"]
+    return f"{record['passed']} passed" + (f", {failed} failed" if failed else "")
 
 
 def check_cost(results: dict) -> list[dict[str, Any]]:
