@@ -52,7 +52,8 @@ class Scalar(NamedTuple):
 
 
 #: Every scalar of the state, in the order of ``variables_for_saving`` (after the
-#: accumulators; the order of ``.keras`` files' ``accumcore_<i>`` entries: never reorder).
+#: accumulators; the order of the numbered entries ``AccumulationStore`` writes to ``.keras``
+#: files: never reorder).
 SCALARS = (
     Scalar("window_weight", 0.0, summed=True, reported=True, saved=True),
     Scalar("micro_step", 0, summed=False, reported=True, saved=True),
