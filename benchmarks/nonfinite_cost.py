@@ -5,23 +5,29 @@ Usage (repository root, the project's venv):
 
     python benchmarks/nonfinite_cost.py                      # steps_per_execution 1 and 32
     python benchmarks/nonfinite_cost.py --spe 32 --rounds 9
+    python benchmarks/nonfinite_cost.py --rounds 41 --out benchmarks/results/cpu/nonfinite_cost.json
+                                              # the committed figures (RESULTS.md shows them)
 
 Three ``fit`` configurations on the benchmark MLP (784-256-256-10, Adam 1e-3, b=16, K=4,
 synthetic data): Keras's ``gradient_accumulation_steps=K``, ``AccumModel`` as shipped, and
 ``AccumModel`` traced with the guard's decision replaced by the bare add (no NaN/Inf check, no
 freeze branch: what a ``LossScaleOptimizer``'s micro-step runs; never do this to train). Each
 round times one epoch of every configuration, in a rotating order; the best-of-N ratio to
-Keras (interference only slows a run) is printed beside the ratio of the medians.
+Keras (interference only slows a run) is printed beside the ratio of the medians, and the
+median of the per-round ratios with its 95 % bootstrap interval (the runs of one round share the
+machine's state: the steadiest of the three on a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -57,9 +63,12 @@ def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
     return model
 
 
-def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, float]]:
-    """``{kind: {"best": ratio, "median": ratio, "samples_per_s": best rate}}``: each kind's
-    throughput over Keras's (best-of-``rounds`` and median ratios)."""
+def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, Any]]:
+    """``{kind: {"best": ratio, "median": ratio, "paired": {...}, "samples_per_s": best rate,
+    "seconds": [...]}}``: each kind's throughput over Keras's, as the best-of-``rounds`` ratio,
+    the ratio of the medians and the median of the per-round ratios with its 95 % interval
+    (:func:`accumcore.lab.benchmarking.paired_ratio`: each round runs the three fits back to
+    back, so a round's ratio compares runs that shared the machine's state)."""
     x, y = bm.benchmark_data("mlp", samples, "synthetic")
     models = {kind: compiled_model(kind, spe, x, y) for kind in KINDS}
     seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
@@ -70,7 +79,9 @@ def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, f
             seconds[kind].append(time.perf_counter() - start)
     keras_best, keras_median = min(seconds["keras_ga"]), statistics.median(seconds["keras_ga"])
     return {kind: {"best": keras_best / min(t), "median": keras_median / statistics.median(t),
-                   "samples_per_s": samples / min(t)} for kind, t in seconds.items()}
+                   "paired": bm.paired_ratio(seconds["keras_ga"], t),
+                   "samples_per_s": samples / min(t), "seconds": t}
+            for kind, t in seconds.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,12 +89,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spe", type=int, action="append",
                         help="steps_per_execution (repeatable; default 1 and 32)")
     parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds")
+    parser.add_argument("--out", help="also write the figures to this JSON file (e.g. "
+                        "benchmarks/results/cpu/nonfinite_cost.json, which RESULTS.md shows)")
     args = parser.parse_args(argv)
+    record: dict[str, Any] = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "rounds": args.rounds, "micro_batch": MICRO_BATCH,
+                              "accum_steps": ACCUM_STEPS, "load_average": [os.getloadavg()],
+                              "by_spe": {}}
     for spe in args.spe or [1, 32]:
-        for kind, r in measure(spe, args.rounds).items():
-            print(f"steps_per_execution={spe:<3d} {kind:20s} best-of-{args.rounds} "
-                  f"{r['best']:.3f} x Keras, median {r['median']:.3f} x "
-                  f"({r['samples_per_s']:,.0f} samples/s at best)")
+        record["by_spe"][str(spe)] = ratios = measure(spe, args.rounds)
+        for kind, r in ratios.items():
+            p = r["paired"]
+            print(f"steps_per_execution={spe:<3d} {kind:20s} paired {p['median']:.3f} x Keras "
+                  f"[{p['low']:.3f}, {p['high']:.3f}], best-of-{args.rounds} {r['best']:.3f}, "
+                  f"medians {r['median']:.3f} ({r['samples_per_s']:,.0f} samples/s at best)")
+    record["load_average"].append(os.getloadavg())
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        print("wrote", args.out)
     return 0
 
 

@@ -6,6 +6,7 @@ from the committed JSON; :func:`write_report` is the function behind it.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -170,7 +171,7 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|"]
     for r in rows:
         integer = isinstance(r["best"], int)
-        value = str(r["best"]) if integer else _fmt(r["best"], 3)
+        value = str(r["best"]) if integer else _fmt(r["best"], 1 if r.get("at_most") else 3)
         bound = f"≤ {r['threshold']:g}" if integer or r.get("at_most") or \
             "operations" in r["target"] else f"≥ {r['threshold']:g}"
         lines.append(f"| {r['target']} | {r['cell']} | {value} | {_fmt(r['median'], 3)} | "
@@ -180,7 +181,37 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
         lines += ["", "Library code lines by module (the target of 2,652 was set before issue "
                   "18 added `denominators.py`): " + ", ".join(
                       f"`{name.split('/')[-1]}` {n:,}" for name, n in files.items()) + "."]
-    return lines + _check_cost_lines(results)
+    return lines + _check_cost_lines(results) + _paired_cost_lines(results.get(
+        "nonfinite_cost"))
+
+
+#: ``python benchmarks/nonfinite_cost.py --out`` 's file in a results directory, if run there.
+NONFINITE_COST_FILE = "nonfinite_cost.json"
+
+
+def _paired_cost_lines(record: dict[str, Any] | None) -> list[str]:
+    """``benchmarks/nonfinite_cost.py``'s figures: ``AccumModel.fit`` over Keras's accumulation
+    with and without the check, as paired per-round ratios with their 95 % intervals."""
+    if not record:
+        return []
+    lines = ["", f"The same two ratios for `AccumModel.fit`, measured apart by `python benchmarks/"
+             f"nonfinite_cost.py --rounds {record['rounds']}` ({record['created']}; MLP, "
+             f"b={record['micro_batch']}, K={record['accum_steps']}, 4,096 synthetic samples "
+             "per epoch): every round fits one epoch with each of the three models back to "
+             "back, so each round's ratio compares runs that shared the machine's state; the "
+             "median of those ratios, with its 95 % bootstrap interval, beside the best-of-N "
+             "ratio.", "",
+             "| steps_per_execution | AccumModel.fit / Keras: paired [95 % interval] | best of N "
+             "| without the check: paired [95 % interval] | best of N |",
+             "|---|---|---|---|---|"]
+    for spe, kinds in record["by_spe"].items():
+        cells = []
+        for kind in ("accumcore", "accumcore_unchecked"):
+            p = kinds[kind]["paired"]
+            cells += [f"{p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}]",
+                      _fmt(kinds[kind]["best"], 3)]
+        lines.append(f"| {spe} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _check_cost_lines(results: dict[str, Any]) -> list[str]:
@@ -478,6 +509,9 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         ]
     for d in result_dirs:
         results = bm.load_results(os.path.join(d, "results.json"))
+        if os.path.isfile(os.path.join(d, NONFINITE_COST_FILE)):
+            with open(os.path.join(d, NONFINITE_COST_FILE), encoding="utf-8") as f:
+                results["nonfinite_cost"] = json.load(f)
         name = os.path.basename(os.path.normpath(d))
         prefix = os.path.relpath(d, md_dir).replace(os.sep, "/") + "/"
         if prefix == "./":

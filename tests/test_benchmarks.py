@@ -401,11 +401,48 @@ def test_unit_tests_target_needs_the_time_and_no_failure(tmp_path):
     results["targets"] = bm.evaluate_targets(results)
     text = open(os.path.join(write_fake_run(tmp_path, results), "RESULTS.md"),
                 encoding="utf-8").read()
-    assert "| fast unit tests (seconds) | 607 passed | 213.800 | — | ≤ 180 | **no** |" in text
+    assert "| fast unit tests (seconds) | 607 passed | 213.8 | — | ≤ 180 | **no** |" in text
     broken = dict(results, unit_tests={"error": "no pytest summary line", "returncode": -9})
     (tmp_path / "broken").mkdir()
     assert any("unit_tests: no pytest summary" in p
                for p in report.validate_outputs(write_fake_run(tmp_path / "broken", broken)))
+
+
+def test_paired_ratio_cancels_a_slow_phase_that_hits_both_runs_of_a_round():
+    keras_s = [1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0]  # two rounds slowed by the machine
+    ours_s = [1.25 * t for t in keras_s]  # 0.8x Keras's throughput in every round
+    paired = bm.paired_ratio(keras_s, ours_s)
+    assert paired == {"median": pytest.approx(0.8), "low": pytest.approx(0.8),
+                      "high": pytest.approx(0.8), "rounds": 7}
+    assert min(keras_s) / min(ours_s) == pytest.approx(0.8)  # best-of-N agrees here ...
+    ours_s[0] = 0.9  # ... until one lucky run: best-of-N says faster, the pairs do not
+    assert min(keras_s) / min(ours_s) > 1 and bm.paired_ratio(keras_s, ours_s)["median"] == \
+        pytest.approx(0.8)
+    rng = np.random.default_rng(3)
+    reference, timed = list(1 + rng.random(41)), list(1 + rng.random(41))
+    noisy = bm.paired_ratio(reference, timed)
+    assert noisy["low"] < noisy["median"] < noisy["high"] and noisy["rounds"] == 41
+    assert noisy == bm.paired_ratio(reference, timed)  # seeded: the interval is reproducible
+    with pytest.raises(ValueError, match="same, non-zero number of rounds"):
+        bm.paired_ratio([1.0, 2.0], [1.0])
+
+
+def test_report_shows_the_paired_nonfinite_cost_when_measured(tmp_path):
+    results = fake_results()
+    results["targets"] = bm.evaluate_targets(results)
+    out = write_fake_run(tmp_path, results)
+    assert "paired [95 % interval]" not in open(os.path.join(out, "RESULTS.md")).read()
+    kinds = {kind: {"best": best, "paired": {"median": med, "low": med - 0.02,
+                                             "high": med + 0.01, "rounds": 41}}
+             for kind, best, med in (("keras_ga", 1.0, 1.0), ("accumcore", 0.95, 0.912),
+                                     ("accumcore_unchecked", 1.01, 0.987))}
+    with open(os.path.join(out, report.NONFINITE_COST_FILE), "w") as f:
+        json.dump({"created": "2026-12-03T22:40:00", "rounds": 41, "micro_batch": 16,
+                   "accum_steps": 4, "by_spe": {"32": kinds}}, f)
+    report.write_report([out], os.path.join(out, "RESULTS.md"))
+    text = open(os.path.join(out, "RESULTS.md")).read()
+    assert "nonfinite_cost.py --rounds 41` (2026-12-03T22:40:00" in text
+    assert "| 32 | 0.912 [0.892, 0.922] | 0.950 | 0.987 [0.967, 0.997] | 1.010 |" in text
 
 
 def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
@@ -416,6 +453,8 @@ def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
     assert set(ratios) == set(nonfinite_cost.KINDS)
     assert ratios["keras_ga"]["best"] == pytest.approx(1.0)
     assert all(r["best"] > 0 and r["samples_per_s"] > 0 for r in ratios.values())
+    assert ratios["keras_ga"]["paired"]["median"] == pytest.approx(1.0)
+    assert all(r["paired"]["rounds"] == 1 and len(r["seconds"]) == 1 for r in ratios.values())
     assert ac.nonfinite.NonFiniteGuard.admit is admit  # the shipped check is back
 
 

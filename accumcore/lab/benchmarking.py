@@ -538,6 +538,35 @@ def pytest_summary(output: str) -> dict[str, Any]:
     return counts
 
 
+def paired_ratio(reference: Sequence[float], seconds: Sequence[float], *,
+                 resamples: int = 2000, seed: int = 0) -> dict[str, float]:
+    """Throughput of one configuration over a reference timed in the same rounds.
+
+    Each round times both back to back, so a slow phase of a shared machine slows both runs of
+    a round alike; the per-round ratios ``reference[i] / seconds[i]`` cancel it, where a
+    best-of-N or a ratio of medians compares runs of different moments.
+
+    Args:
+        reference, seconds: seconds of the reference and of the configuration, one per round,
+            in round order (the same number of rounds).
+        resamples: bootstrap resamplings of the rounds for the interval.
+        seed: the resampling's seed (the interval is reproducible).
+
+    Returns:
+        ``{"median": the median per-round ratio, "low", "high": its 95 % bootstrap interval
+        (percentile method), "rounds": n}``; a ratio above 1 means faster than the reference.
+    """
+    if len(reference) != len(seconds) or not len(seconds):
+        raise ValueError(f"paired_ratio needs the same, non-zero number of rounds: "
+                         f"{len(reference)} reference and {len(seconds)} timed")
+    ratios = np.asarray(reference, dtype=float) / np.asarray(seconds, dtype=float)
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(ratios), size=(resamples, len(ratios)))
+    medians = np.median(ratios[picks], axis=1)
+    return {"median": float(np.median(ratios)), "low": float(np.percentile(medians, 2.5)),
+            "high": float(np.percentile(medians, 97.5)), "rounds": len(ratios)}
+
+
 def unit_tests_cell(record: dict) -> str:
     """How a unit-test timing is shown in a target row: its counts."""
     failed = record["failed"] + record["errors"]
