@@ -510,8 +510,8 @@ def lean_targets(results: dict) -> list[dict[str, Any]]:
     return rows
 
 
-#: Issue 19: the fast unit tests (``pytest -m "not slow" -n 2``, as the README runs them)
-#: take under this many seconds on the project's 2-core machine.
+#: The most seconds the fast unit tests (``pytest -m "not slow" -n 2``, as the README runs
+#: them) may take on the project's 2-core machine, issue 19's target.
 UNIT_TESTS_SECONDS_TARGET = 180.0
 
 
