@@ -124,8 +124,9 @@ NONFINITE = {
     "skip_window": NonFinitePolicy("skip_window", skip_window=True),
 }
 
-#: Under a LossScaleOptimizer overflow is expected: no micro-batch is checked, the window is
-#: checked once when it closes and skipped whole (the loss scale is lowered).
+#: The policy under a LossScaleOptimizer, where overflow is expected. No micro-batch is
+#: checked; the window is checked once when it closes and skipped whole (the loss scale is
+#: lowered).
 LOSS_SCALED = NonFinitePolicy("loss_scaling", should_skip=lambda grads, weight: tf.constant(False))
 
 

@@ -39,8 +39,8 @@ class Window:
         self.poisoned = poisoned
         self._parts = parts
         self._distributed = distributed
-        #: Which accumulators received a gradient (``None`` gradients: the loss does not
-        #: depend on that variable); set by :meth:`add`, read by :meth:`mean`.
+        #: Which accumulators received a gradient (a ``None`` gradient means that the loss
+        #: does not depend on that variable); set by :meth:`add`, read by :meth:`mean`.
         self.has_gradient = [True] * len(accumulators)
 
     @property

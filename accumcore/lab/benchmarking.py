@@ -696,7 +696,7 @@ def throughput_ratios(results: dict) -> list[dict[str, Any]]:
     return rows
 
 
-#: The per-cell ratios that :func:`ratio_summary` ranges over: (key in a
+#: The per-cell ratios that :func:`ratio_summary` ranges over, one tuple each (key in a
 #: :func:`throughput_ratios` row, description, target or None).
 SUMMARY_RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("fit_vs_keras", "(4)/(3): AccumModel.fit / fit with Keras's accumulation, "

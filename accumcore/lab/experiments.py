@@ -166,7 +166,7 @@ def conv_net(
     return model_cls(inputs, outputs, **model_kwargs)
 
 
-#: The reordering controls (see :func:`reordered`): chapter 1's appendix and chapter 8 use both.
+#: The reordering controls (see :func:`reordered`), both used by chapter 1's appendix and 8.
 REORDERINGS = ("reversed", "shuffled")
 
 

@@ -1,0 +1,73 @@
+"""The API pages' docstrings as napoleon reads them: no attribute documentation that the book's
+``-W -n`` build would turn into a type.
+
+Napoleon reads the first line of an attribute's documentation (a ``#:`` doc comment, a property
+docstring) as ``type: description`` when it holds a colon outside a role or literal, so
+``#: Issue 19: ...`` renders a type "Issue 19" on the API page and fails the nitpicky build
+(three times so far, found each time only by the book build in CI). This catches it in seconds.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+napoleon = pytest.importorskip("sphinx.ext.napoleon")  # the book's toolchain (not the Colab leg)
+from sphinx.ext.napoleon.docstring import GoogleDocstring  # noqa: E402
+
+PACKAGE = Path(__file__).resolve().parent.parent / "accumcore"
+#: The book's napoleon settings (_config.yml) that bear on attribute documentation.
+CONFIG = napoleon.Config(napoleon_google_docstring=True, napoleon_numpy_docstring=False,
+                         napoleon_use_rtype=False, napoleon_use_ivar=True)
+
+
+def attribute_docs(source: str) -> list[tuple[int, list[str]]]:
+    """``(line, lines)`` of every ``#:`` doc comment block and property docstring in
+    ``source``: the documentation that napoleon parses as an attribute's."""
+    found: list[tuple[int, list[str]]] = []
+    lines = source.splitlines()
+    i = 0
+    while i < len(lines):
+        if lines[i].lstrip().startswith("#:"):
+            start, block = i, []
+            while i < len(lines) and lines[i].lstrip().startswith("#:"):
+                block.append(lines[i].lstrip()[2:].strip())
+                i += 1
+            found.append((start + 1, block))
+        else:
+            i += 1
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and any(
+                getattr(d, "id", None) == "property" for d in node.decorator_list):
+            doc = ast.get_docstring(node)
+            if doc:
+                found.append((node.lineno, doc.splitlines()))
+    return found
+
+
+def read_as_type(lines: list[str]) -> str | None:
+    """The type napoleon finds in an attribute's documentation, or ``None``."""
+    parsed = str(GoogleDocstring(lines, CONFIG, what="attribute", name="documented"))
+    types = [ln for ln in parsed.splitlines() if ln.startswith(":type:")]
+    return types[0][len(":type:"):].strip() if types else None
+
+
+def test_no_attribute_documentation_reads_as_a_type():
+    typed = [f"{path.relative_to(PACKAGE.parent)}:{line}: {read_as_type(doc)!r}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for line, doc in attribute_docs(path.read_text())
+             if read_as_type(doc) is not None]
+    assert not typed, "napoleon reads these as types (reword the first line):\n" + "\n".join(
+        typed)
+
+
+def test_the_check_finds_a_colon_in_a_doc_comment_and_a_property():
+    source = ('#: Issue 19: the fast unit tests.\nLIMIT = 180\n\n\nclass A:\n'
+              '    @property\n    def window(self):\n        """Window: its variables."""\n'
+              '\n    @property\n    def fine(self):\n        """The ``a: b`` pair and '
+              ':class:`x.Y`."""\n')
+    docs = attribute_docs(source)
+    assert [line for line, _ in docs] == [1, 7, 11]
+    assert [read_as_type(doc) for _, doc in docs] == ["Issue 19", "Window", None]
