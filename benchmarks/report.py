@@ -171,9 +171,8 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|"]
     for r in rows:
         integer = isinstance(r["best"], int)
-        value = str(r["best"]) if integer else _fmt(r["best"], 1 if r.get("at_most") else 3)
-        bound = f"≤ {r['threshold']:g}" if integer or r.get("at_most") or \
-            "operations" in r["target"] else f"≥ {r['threshold']:g}"
+        value = str(r["best"]) if integer else _fmt(r["best"], r.get("digits", 3))
+        bound = f"{'≤' if r.get('at_most') else '≥'} {r['threshold']:g}"
         lines.append(f"| {r['target']} | {r['cell']} | {value} | {_fmt(r['median'], 3)} | "
                      f"{bound} | {'yes' if r['met'] else '**no**'} |")
     files = (results.get("code") or {}).get("files")
@@ -194,9 +193,11 @@ def _paired_cost_lines(record: dict[str, Any] | None) -> list[str]:
     with and without the check, as paired per-round ratios with their 95 % intervals."""
     if not record:
         return []
+    keras_ga = next(iter(record["by_spe"].values()))["keras_ga"]  # samples: rate x time
+    samples = round(keras_ga["samples_per_s"] * min(keras_ga["seconds"]))
     lines = ["", f"The same two ratios for `AccumModel.fit`, measured apart by `python benchmarks/"
              f"nonfinite_cost.py --rounds {record['rounds']}` ({record['created']}; MLP, "
-             f"b={record['micro_batch']}, K={record['accum_steps']}, 4,096 synthetic samples "
+             f"b={record['micro_batch']}, K={record['accum_steps']}, {samples:,} synthetic samples "
              "per epoch): every round fits one epoch with each of the three models back to "
              "back, so each round's ratio compares runs that shared the machine's state; the "
              "median of those ratios, with its 95 % bootstrap interval, beside the best-of-N "

@@ -132,7 +132,7 @@ class SuiteSettings:
 
     @classmethod
     def full(cls, **overrides: Any) -> SuiteSettings:
-        """The full suite (about 14 minutes on 2 quiet CPU cores, the unit tests' 3-4 included)."""
+        """The full suite (about 18 minutes on 2 quiet CPU cores, the unit tests' 3-4 included)."""
         return cls(**overrides)
 
     @classmethod

@@ -55,10 +55,10 @@ def read_as_type(lines: list[str]) -> str | None:
 
 
 def test_no_attribute_documentation_reads_as_a_type():
-    typed = [f"{path.relative_to(PACKAGE.parent)}:{line}: {read_as_type(doc)!r}"
+    found = [(f"{path.relative_to(PACKAGE.parent)}:{line}", read_as_type(doc))
              for path in sorted(PACKAGE.rglob("*.py"))
-             for line, doc in attribute_docs(path.read_text())
-             if read_as_type(doc) is not None]
+             for line, doc in attribute_docs(path.read_text())]
+    typed = [f"{where}: {kind!r}" for where, kind in found if kind is not None]
     assert not typed, "napoleon reads these as types (reword the first line):\n" + "\n".join(
         typed)
 

@@ -396,12 +396,14 @@ def test_unit_tests_target_needs_the_time_and_no_failure(tmp_path):
     assert row()["met"] is True and row()["cell"] == "607 passed"
     assert row(seconds=213.8)["met"] is False  # over 180 s
     assert row(failed=2)["met"] is False and row(failed=2)["cell"] == "607 passed, 2 failed"
+    assert row(errors=1)["met"] is False  # a collection error is a failure too
     assert not [r for r in bm.lean_targets(fake_results()) if r["target"].startswith("fast")]
     results = with_tests(seconds=213.8)
     results["targets"] = bm.evaluate_targets(results)
     text = open(os.path.join(write_fake_run(tmp_path, results), "RESULTS.md"),
                 encoding="utf-8").read()
     assert "| fast unit tests (seconds) | 607 passed | 213.8 | — | ≤ 180 | **no** |" in text
+    assert "| mlp: 580 vs 430 | 1.349 | — | ≤ 1 | **no** |" in text  # ratios keep 3 decimals
     broken = dict(results, unit_tests={"error": "no pytest summary line", "returncode": -9})
     (tmp_path / "broken").mkdir()
     assert any("unit_tests: no pytest summary" in p
@@ -432,8 +434,9 @@ def test_report_shows_the_paired_nonfinite_cost_when_measured(tmp_path):
     results["targets"] = bm.evaluate_targets(results)
     out = write_fake_run(tmp_path, results)
     assert "paired [95 % interval]" not in open(os.path.join(out, "RESULTS.md")).read()
-    kinds = {kind: {"best": best, "paired": {"median": med, "low": med - 0.02,
-                                             "high": med + 0.01, "rounds": 41}}
+    kinds = {kind: {"best": best, "samples_per_s": 2048.0, "seconds": [2.5, 2.0],
+                    "paired": {"median": med, "low": med - 0.02, "high": med + 0.01,
+                               "rounds": 41}}
              for kind, best, med in (("keras_ga", 1.0, 1.0), ("accumcore", 0.95, 0.912),
                                      ("accumcore_unchecked", 1.01, 0.987))}
     with open(os.path.join(out, report.NONFINITE_COST_FILE), "w") as f:
@@ -442,6 +445,7 @@ def test_report_shows_the_paired_nonfinite_cost_when_measured(tmp_path):
     report.write_report([out], os.path.join(out, "RESULTS.md"))
     text = open(os.path.join(out, "RESULTS.md")).read()
     assert "nonfinite_cost.py --rounds 41` (2026-12-03T22:40:00" in text
+    assert "K=4, 4,096 synthetic samples per epoch" in text  # 2,048 samples/s x 2.0 s
     assert "| 32 | 0.912 [0.892, 0.922] | 0.950 | 0.987 [0.967, 0.997] | 1.010 |" in text
 
 
