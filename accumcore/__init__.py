@@ -6,6 +6,7 @@ it by (its samples, its sample-weight sum, or its valid elements under a Keras m
 ``ignore_class``: :mod:`accumcore.denominators`), and the window divides once by the sum.
 
 Entry points:
+    :func:`accumulate`     ``model.fit`` of a model you already have (in place, its class kept)
     :class:`AccumTrainer`  custom loops (eager, ``tf.function``, whole-epoch graph, in-graph split)
     :class:`AccumModel`    ``model.fit`` with a ``train_step`` override
     :class:`AccumulationState`  the accumulators and counters all of them share
@@ -68,6 +69,7 @@ _check_tensorflow()
 from accumcore.batchnorm import WindowBatchNormalization, convert_batchnorm  # noqa: E402
 from accumcore.config import resolve_accum_steps  # noqa: E402
 from accumcore.errors import NonFiniteGradientError  # noqa: E402
+from accumcore.fitting import accumulate, flush  # noqa: E402
 from accumcore.loops import AccumTrainer, LoopHistory  # noqa: E402
 from accumcore.model import AccumModel, WindowFlushCallback  # noqa: E402
 from accumcore.nonfinite import NonFinitePolicy  # noqa: E402
@@ -82,7 +84,9 @@ __all__ = [
     "NonFinitePolicy",
     "WindowBatchNormalization",
     "WindowFlushCallback",
+    "accumulate",
     "convert_batchnorm",
+    "flush",
     "resolve_accum_steps",
 ]
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -27,6 +28,42 @@ from accumcore.config import check_optimizer, warn_if_float16_without_loss_scali
 from accumcore.core import first_leaf, resolve_normalizer
 from accumcore.layout import variable_name
 from accumcore.state import AccumulationState
+
+
+@dataclass
+class FitSettings:
+    """The ``fit`` settings of one model, beside its :class:`~accumcore.AccumulationState`
+    (which holds K and the non-finite policy): an ``AccumModel``'s, or an
+    :func:`~accumcore.accumulate` d model's (held as ``model._accumcore``).
+
+    * ``end_of_epoch``: the partial-window policy (``"apply"``, ``"carry"``, ``"drop"``).
+    * ``normalizer``: as given (``"auto"``, ``"samples"``, ``"sample_weight"``, a callable).
+    * ``traced_normalizer``: what the traced step weighs micro-batches by (resolved from the
+      compiled loss when a step is traced).
+    * ``accum_steps_given``: whether K was given (an ``AccumModel`` made without it cannot
+      ``fit``).
+    """
+
+    end_of_epoch: str = "apply"
+    normalizer: str | Callable = "auto"
+    traced_normalizer: str | Callable = "auto"
+    accum_steps_given: bool = False
+
+
+#: The attribute that holds a model's :class:`FitSettings` (set by accumcore, never Keras).
+SETTINGS_ATTRIBUTE = "_accumcore"
+
+
+def settings_of(model) -> FitSettings:
+    """``model``'s :class:`FitSettings`."""
+    return getattr(model, SETTINGS_ATTRIBUTE)
+
+
+def build_accumulation(model) -> None:
+    """Create or follow ``model``'s accumulators (:func:`prepare_model`), keeping the
+    normaliser it resolves."""
+    settings = settings_of(model)
+    settings.traced_normalizer = prepare_model(model, settings.traced_normalizer)
 
 
 def build_model_and_optimizer(model: keras.Model, state: AccumulationState,
@@ -124,7 +161,8 @@ def prepare_model(model, traced_normalizer: str | Callable) -> str | Callable:
     Returns:
         The normaliser to accumulate with from now on (resolved from the compiled loss).
     """
-    if model.accum_steps is None:
+    settings = settings_of(model)
+    if not settings.accum_steps_given:
         raise ValueError(
             "AccumModel was created without `accum_steps` (K, the number of micro-batches "
             "per optimizer update), so it would silently train with K = 1. Pass it when "
@@ -151,7 +189,7 @@ def prepare_model(model, traced_normalizer: str | Callable) -> str | Callable:
     state = model.accumulation
     if state.built and getattr(model, "train_function", None) is not None:
         return traced_normalizer  # the traced step keeps its trainable set (as Keras)
-    normalizer = resolve_normalizer(model.normalizer, getattr(model, "loss", None))
+    normalizer = resolve_normalizer(settings.normalizer, getattr(model, "loss", None))
     if state.built and normalizer != traced_normalizer and state.pending_micro_batches():
         raise ValueError(
             "The compiled loss needs another normaliser than the pending window was "

@@ -170,9 +170,9 @@ def values_to_save(model) -> list[Any]:
     """The accumulation state's values (numpy), in the file's order; empty: nothing to save."""
     if not model.accumulation.built:
         if (building.needs_build(model) or not model.trainable_variables
-                or model.accum_steps is None):
+                or not building.settings_of(model).accum_steps_given):
             return []
-        model.build_accumulation()  # zeros: a file always restores a clean window
+        building.build_accumulation(model)  # zeros: a file always restores a clean window
     return [v.numpy() for v in model.accumulation.variables_for_saving()]
 
 

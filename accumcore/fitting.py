@@ -1,0 +1,382 @@
+"""``model.fit`` with exact accumulation, for any ``keras.Model``: the one train step.
+
+Two ways in share every function here:
+
+* :class:`~accumcore.AccumModel`, a ``keras.Model`` subclass whose methods call them;
+* :func:`accumulate`, which gives one model that already exists (Functional, Sequential, a
+  subclass, a pretrained KerasHub task) the same methods as instance attributes, in place:
+  ``type(model)``, its own methods (``generate``, ``preprocessor``, ``save_to_preset``),
+  ``predict``, ``evaluate`` and its saved format stay its own.
+
+Each function takes the model and, where it wraps one, the model's own (class) method as
+``base``: the train step (:func:`train_step`, one micro-batch), the build before tracing
+(:func:`make_train_function`), ``fit`` with :class:`WindowFlushCallback` first (:func:`fit`),
+``compile`` with every loss counted (:func:`compile_counted`: what the loss divides a
+micro-batch by, :mod:`accumcore.denominators`) and a compile config without them
+(:func:`plain_compile_config`), and ``train_on_batch`` (:func:`train_on_batch`).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from accumcore import building, compat, entry, model_protocol
+from accumcore.building import SETTINGS_ATTRIBUTE, FitSettings, settings_of
+from accumcore.config import check_optimizer, check_settings
+from accumcore.core import summed_loss_gradients
+from accumcore.denominators import counted, uncounted
+from accumcore.loss_scaling import is_loss_scale_optimizer
+from accumcore.nonfinite import NonFinitePolicy
+from accumcore.state import AccumulationState
+
+#: The methods :func:`accumulate` gives a model (each wraps the class's own).
+METHODS = ("train_step", "make_train_function", "fit", "compile", "get_compile_config",
+           "train_on_batch")
+
+
+class WindowFlushCallback(keras.callbacks.Callback):
+    """Applies the end-of-epoch policy and reports non-finite gradients, for ``fit``.
+
+    The non-finite check reads the state once per epoch (before validation and before the
+    end-of-epoch policy) and at the end of training, never per batch: a frozen state refuses
+    every later micro-batch, and the error says how many it refused.
+
+    ``fit`` (of an ``AccumModel`` or an :func:`accumulate` d model) adds it first in the list,
+    so that a partial window is flushed *before* validation and before other callbacks
+    (checkpoints) see the epoch's end.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._epoch = 0
+        self._saw_batch: bool | None = None  # a training batch ran in the current epoch
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        # A NonFiniteGradientError stopped the previous fit: start clean. The window before the
+        # bad micro-batch holds valid gradients and is kept (a log line says so).
+        if self.model.accumulation.built:
+            self.model.accumulation.clear_nonfinite()
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch = epoch
+        self._saw_batch = False
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # No host read here: a state frozen by a non-finite gradient refuses (and counts) every
+        # later micro-batch, so the check runs once, when the epoch's training ends.
+        self._saw_batch = True
+
+    def _raise_if_nonfinite(self) -> None:
+        self.model.accumulation.raise_if_nonfinite(self._epoch)
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        # Validation inside fit comes after the epoch's training batches: check them first.
+        self._raise_if_nonfinite()
+        # Validation inside fit: a large-batch fit would have applied the last batch already.
+        if settings_of(self.model).end_of_epoch == "apply":
+            flush(self.model)
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._saw_batch is False:
+            raise ValueError(
+                f"The training data (`x`) yielded no batches in epoch {epoch}: it is empty (or "
+                "a dataset exhausted by `steps_per_epoch`). Pass non-empty data, or `.repeat()` "
+                "the dataset when giving `steps_per_epoch`."
+            )
+        self._raise_if_nonfinite()
+        end_epoch(self.model, epoch)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        # Training stopped inside an epoch (e.g. `model.stop_training` set by a callback).
+        self._raise_if_nonfinite()
+
+
+# ---------------------------------------------------------------------- settings
+def configure(model: keras.Model, given: dict) -> None:
+    """Validate the given settings (:data:`accumcore.model_protocol.CONFIG_KEYS`) and set
+    them on ``model``'s state and :class:`~accumcore.building.FitSettings`."""
+    given = dict(given)
+    nonfinite = given.pop("nonfinite", None)
+    if nonfinite is not None:
+        model.accumulation.nonfinite = nonfinite  # a name or a NonFinitePolicy
+    if given.get("accum_steps", 0) is None:  # AccumModel created without `accum_steps`
+        del given["accum_steps"]
+    settings = settings_of(model)
+    for name, value in check_settings(**given).items():
+        if name == "accum_steps":
+            model.accumulation.accum_steps = value
+            settings.accum_steps_given = True
+        else:
+            setattr(settings, name, value)
+            if name == "normalizer" and not model.accumulation.built:
+                settings.traced_normalizer = value
+
+
+def set_accumulation(model: keras.Model, given: dict) -> None:
+    """Change the settings between ``fit`` calls (the window must be empty); the next ``fit``
+    traces a new step with them."""
+    if model.accumulation.pending_micro_batches():
+        raise ValueError(
+            "A partial window is pending; apply it (`model.flush()`, or "
+            "`accumcore.flush(model)`) before changing the accumulation settings."
+        )
+    configure(model, {name: value for name, value in given.items() if value is not None})
+    model.train_function = None  # retrace with the new settings
+
+
+# ---------------------------------------------------------------------- compile
+def _own(base: Callable, name: str) -> bool:
+    """Whether ``base`` (a bound method) is ``keras.Model``'s own ``name``."""
+    return getattr(base, "__func__", None) is getattr(keras.Model, name)
+
+
+def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: Any) -> None:
+    """``compile``, with every loss wrapped so that it reports what it divides by
+    (:func:`accumcore.denominators.counted`; the values are Keras's own).
+
+    Keras's own ``compile`` gets the counted losses directly. A class with a ``compile`` of its
+    own (a KerasHub task resolving ``loss="auto"``) compiles first; its losses are then
+    counted by compiling again with Keras's own ``compile``, from the compile config, with the
+    same optimizer object (so metrics given as objects are re-created from their config).
+    ``model.loss`` is the loss as given either way.
+    """
+    if _own(base, "compile"):
+        args = list(args)
+        if len(args) > 1:
+            args[1] = counted(args[1], getattr(model, "output_names", None))
+        elif "loss" in kwargs:
+            kwargs["loss"] = counted(kwargs["loss"], getattr(model, "output_names", None))
+        base(*args, **kwargs)
+    else:
+        base(*args, **kwargs)
+        recount(model)
+    if getattr(model, "loss", None) is not None:
+        model.loss = uncounted(model.loss)
+
+
+def recount(model: keras.Model) -> None:
+    """Compile ``model`` again, as it is compiled, with its losses counted (a no-op if it is
+    not compiled, or has no loss)."""
+    config = keras.Model.get_compile_config(model)
+    if config is None or getattr(model, "loss", None) is None:
+        return
+    config = keras.saving.deserialize_keras_object(plain_compile_config(config))
+    config["optimizer"] = model.optimizer
+    config["loss"] = counted(uncounted(model.loss), getattr(model, "output_names", None))
+    keras.Model.compile(model, **config)
+
+
+def plain_compile_config(config: Any) -> Any:
+    """A serialised compile config with each counted loss replaced by the loss it wraps, so
+    that a saved model loads without accumcore."""
+    if isinstance(config, dict):
+        if config.get("class_name") == "CountedLoss" and "config" in config:
+            return plain_compile_config(config["config"]["loss"])
+        return {key: plain_compile_config(value) for key, value in config.items()}
+    if isinstance(config, (list, tuple)):
+        return type(config)(plain_compile_config(value) for value in config)
+    return config
+
+
+# ---------------------------------------------------------------------- fit
+def make_train_function(model: keras.Model, base: Callable, force: bool = False):
+    """Build the accumulators (or follow a changed trainable set) and the optimizer, then
+    Keras's ``make_train_function``. An unbuilt subclass is built in the first traced step
+    instead, from the first batch (:func:`accumcore.building.build_on_first_batch`), as
+    ``keras.Model.fit`` builds a plain subclass."""
+    if settings_of(model).accum_steps_given is False:
+        building.build_accumulation(model)  # raises, naming `accum_steps`
+    if not building.needs_build(model) and building.check_trainable(model):
+        building.build_accumulation(model)
+        building.build_optimizer(model)
+    return base(force)
+
+
+def fit(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
+    """``fit``, with :class:`WindowFlushCallback` added first."""
+    if len(args) > 5:  # callbacks given positionally
+        args = list(args)
+        kwargs["callbacks"] = args.pop(5)
+    callbacks = list(kwargs.pop("callbacks", None) or [])
+    if not any(isinstance(c, WindowFlushCallback) for c in callbacks):
+        callbacks.insert(0, WindowFlushCallback())
+    return base(*args, callbacks=callbacks, **kwargs)
+
+
+def train_on_batch(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
+    """``train_on_batch``, which runs ONE micro-batch (one ``train_step``); a non-finite
+    gradient raises ``NonFiniteGradientError`` here, as in ``fit``."""
+    result = base(*args, **kwargs)
+    model.accumulation.raise_if_nonfinite()
+    return result
+
+
+def _loss_of(model: keras.Model) -> Callable:
+    def loss_of(x, y, y_pred, sample_weight):
+        if y is None and model.loss is not None:
+            raise ValueError(
+                "`fit` got no labels (`y` is None) but the compiled loss needs them: pass `y` "
+                "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
+                "sample_weight)` tuples."
+            )
+        return compat.compute_loss(model, x=x, y=y, y_pred=y_pred,
+                                   sample_weight=sample_weight, training=True)
+    return loss_of
+
+
+def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
+    """Keras's own loss tracker (the ``keras.metrics.Mean`` named ``"loss"`` that a compiled
+    model's ``metrics`` lists first)."""
+    return next((m for m in model.metrics if m.name == "loss"), None)
+
+
+def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
+    """One micro-batch: its gradient ``c_i * grad(L_i)`` into the window, which closes (one
+    ``optimizer.apply``) on every K-th call; the logged loss is the window-true mean (the
+    tracker's total and count grow by ``c_i * L_i`` and ``c_i``)."""
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    settings = settings_of(model)
+    if building.needs_build(model):
+        settings.traced_normalizer = building.build_on_first_batch(
+            model, x, settings.traced_normalizer)
+    if not model.trainable_variables:  # nothing to train: loss and metrics only, as Keras
+        return base(data)
+    out = summed_loss_gradients(model, _loss_of(model), x, y, sample_weight,
+                                normalizer=settings.traced_normalizer, optimizer=model.optimizer)
+    state = model.accumulation
+    state.step(out.grads, out.weight, out.samples, model.optimizer, model.trainable_variables)
+    tracker = loss_tracker(model)
+    if tracker is not None:
+        tracker.total.assign_add(out.weighted_loss)
+        tracker.count.assign_add(out.weight)
+    logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
+    if not state.nonfinite_policy.freeze:  # micro-batches may be skipped
+        logs["skipped_micro_batches"] = state.micro_batches_skipped
+        logs["skipped_windows"] = state.windows_skipped
+    elif is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)
+        logs["skipped_windows"] = state.windows_skipped
+    return logs
+
+
+def flush(model: keras.Model) -> bool:
+    """Apply ``model``'s pending partial window now, with its true weight (no-op when empty).
+    Returns whether an optimizer update was applied."""
+    return entry.flush(model.accumulation, model.optimizer, model.trainable_variables)
+
+
+def end_epoch(model: keras.Model, epoch: int | None = None) -> str | None:
+    """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was done
+    (:func:`accumcore.entry.end_epoch`)."""
+    return entry.end_epoch(model.accumulation, settings_of(model).end_of_epoch,
+                           model.optimizer, model.trainable_variables, epoch)
+
+
+# ---------------------------------------------------------------------- accumulate
+_WARNED_OWN_LOSS: set[int] = set()
+
+
+def _refuse(model: Any) -> None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a keras.Model, got {type(model).__name__}.")
+    if type(model).train_step is not keras.Model.train_step:
+        raise ValueError(
+            f"{type(model).__name__} overrides `train_step`, so accumcore cannot take over "
+            "its training step without dropping yours. Call accumcore from your own "
+            "`train_step` (`AccumulationState.step` with `accumcore.core."
+            "summed_loss_gradients`: the book's 'Keras workflows' page shows it), or train it "
+            "with `accumcore.AccumTrainer`."
+        )
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        check_optimizer(optimizer)
+
+
+def _warn_own_compute_loss(model: keras.Model, normalizer: Any) -> None:
+    if type(model).compute_loss is keras.Model.compute_loss or normalizer != "auto":
+        return
+    if type(model) in _WARNED_OWN_LOSS:
+        return
+    _WARNED_OWN_LOSS.add(type(model))
+    warnings.warn(
+        f"{type(model).__name__} computes its loss with a `compute_loss` of its own: accumcore "
+        "counts what a compiled Keras loss divides by, and weighs a micro-batch by its "
+        "number of samples where it cannot see one. That is exact for a mean over samples; "
+        "for another mean (tokens, a weight sum) pass `normalizer=` (a callable returning "
+        "the micro-batch's count).",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def accumulate(model: keras.Model, accum_steps: int, *, end_of_epoch: str = "apply",
+               nonfinite: str | NonFinitePolicy = "raise",
+               normalizer: str | Callable = "auto") -> keras.Model:
+    """Give ``model`` exact gradient accumulation in ``fit``, in place, and return it.
+
+    Afterwards ``fit`` and ``train_on_batch`` make one optimizer update per ``accum_steps``
+    micro-batches (``batch_size`` is the micro-batch size b), the update one batch of K * b
+    samples makes: each micro-batch weighted by what its compiled loss divided it by, every
+    optimizer, schedule, clipping, weight decay and EMA advanced once per update. The
+    model's class and everything else it does stay its own: ``predict``, ``evaluate``,
+    ``generate``, its preprocessor, ``model.save`` (which writes its own class, loadable
+    without accumcore; call ``accumulate`` again after loading) and ``save_weights`` (which
+    also holds the pending window, so ``keras.callbacks.BackupAndRestore`` resumes exactly).
+
+    Args:
+        model: a ``keras.Model`` (Functional, Sequential, a subclass, a KerasHub task) whose
+            class does not override ``train_step``; compiled or not (a later ``compile``
+            keeps the accumulation).
+        accum_steps: K, micro-batches per optimizer update (int >= 1).
+        end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
+        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
+            :class:`~accumcore.NonFinitePolicy`.
+        normalizer: ``"auto"`` (default: what the compiled loss divided by), ``"samples"``,
+            ``"sample_weight"`` or a callable ``(x, y, sample_weight) -> item count``.
+
+    Returns:
+        ``model`` itself. Called again, it changes the settings (the window must be empty).
+
+    Raises:
+        ValueError: for a class that overrides ``train_step`` (call accumcore's
+            :class:`~accumcore.AccumulationState` from it, or use
+            :class:`~accumcore.AccumTrainer`), or an optimizer with Keras's own
+            ``gradient_accumulation_steps`` (it would accumulate twice).
+        TypeError: for anything but a ``keras.Model``.
+    """
+    given = dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch, nonfinite=nonfinite,
+                 normalizer=normalizer)
+    if isinstance(getattr(model, SETTINGS_ATTRIBUTE, None), FitSettings):  # again, or an AccumModel
+        set_accumulation(model, given)
+        return model
+    _refuse(model)
+    check_settings(accum_steps=accum_steps, end_of_epoch=end_of_epoch, normalizer=normalizer)
+    _warn_own_compute_loss(model, normalizer)
+    state = AccumulationState(accum_steps, nonfinite=nonfinite)
+    try:
+        model.accumulation = state  # tracked: tf.train.Checkpoint(model=model) holds it
+    except (AttributeError, ValueError):  # pragma: no cover - a class that forbids it
+        object.__setattr__(model, "accumulation", state)
+    object.__setattr__(model, SETTINGS_ATTRIBUTE, FitSettings())
+    configure(model, given)
+    object.__setattr__(model, "_accumulation_store", model_protocol.AccumulationStore(model))
+    wrappers = dict(train_step=train_step, make_train_function=make_train_function, fit=fit,
+                    compile=compile_counted, train_on_batch=train_on_batch,
+                    get_compile_config=_plain_get_compile_config)
+    for name in METHODS:
+        base = getattr(type(model), name).__get__(model, type(model))
+        object.__setattr__(model, name, functools.partial(wrappers[name], model, base))
+    if getattr(model, "compiled", False):
+        recount(model)
+        model.loss = uncounted(model.loss)
+    model.train_function = None
+    return model
+
+
+def _plain_get_compile_config(model: keras.Model, base: Callable) -> dict | None:
+    config = base()
+    return None if config is None else plain_compile_config(config)
