@@ -10,6 +10,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.txt 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+  -r requirements-no-deps.txt 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e . 2>&1 \
   | grep -v "is ignored: it is neither a file nor a directory" || true
 .venv/bin/python -c "import accumcore" >/dev/null 2>&1 || {

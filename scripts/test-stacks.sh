@@ -8,7 +8,9 @@
 #
 #   colab  tensorflow-cpu 2.19.0 + keras 3.10.0: Colab's runtime and accumcore's declared
 #          minimum. The fast unit tests (pytest -m "not slow": all but the multi-process and
-#          soak tests) and every notebook in quick mode under nbval (--nbval-lax).
+#          soak tests) and every notebook in quick mode under nbval (--nbval-lax). With
+#          keras-hub 0.21.1 (the newest that allows Keras 3.10; 0.26+ needs 3.13), installed
+#          --no-deps with the rest of requirements-no-deps.txt (see there why).
 #
 # Usage: bash scripts/test-stacks.sh [colab]            (no argument: every leg)
 #        STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh   (create/refresh the venvs only)
@@ -44,18 +46,22 @@ pip_in() {
   return "$rc"
 }
 
-# make_venv DIR TF KERAS: the venv DIR with tensorflow-cpu==TF, keras==KERAS, TOOLS, accumcore.
+# make_venv DIR TF KERAS HUB: the venv DIR with tensorflow-cpu==TF, keras==KERAS, TOOLS,
+# keras-hub==HUB (--no-deps, with requirements-no-deps.txt's other pins), accumcore.
 make_venv() {
-  local dir="$1" tf="$2" keras="$3"
-  local pins="tensorflow-cpu==$tf keras==$keras ${TOOLS[*]}"
+  local dir="$1" tf="$2" keras="$3" hub="$4"
+  local nodeps
+  nodeps="keras-hub==$hub $(grep -E '^(regex|tokenizers)==' requirements-no-deps.txt | tr '\n' ' ')"
+  local pins="tensorflow-cpu==$tf keras==$keras ${TOOLS[*]} $nodeps"
   if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.accumcore-pins" 2>/dev/null)" = "$pins" ]; then
     echo "$dir: up to date ($pins)"
   else
     echo "$dir: installing $pins"
     rm -rf "$dir"
     "$PYTHON" -m venv "$dir"
-    # shellcheck disable=SC2086  # $pins is a list of requirements
-    pip_in "$dir" $pins
+    pip_in "$dir" "tensorflow-cpu==$tf" "keras==$keras" "${TOOLS[@]}"
+    # shellcheck disable=SC2086  # $nodeps is a list of requirements
+    pip_in "$dir" --no-deps $nodeps
     echo "$pins" > "$dir/.accumcore-pins"
   fi
   pip_in "$dir" --no-deps -e .
@@ -64,6 +70,7 @@ make_venv() {
 import sys
 
 import keras
+import keras_hub
 import tensorflow as tf
 
 import accumcore
@@ -72,16 +79,17 @@ want = (sys.argv[1], sys.argv[2])
 found = (tf.__version__, keras.__version__)
 if found != want:
     sys.exit(f"stack mismatch: want TF {want[0]} + Keras {want[1]}, found {found}")
-print(f"stack: TensorFlow {found[0]} + Keras {found[1]}, accumcore {accumcore.__version__}")
+print(f"stack: TensorFlow {found[0]} + Keras {found[1]}, keras-hub {keras_hub.__version__}, "
+      f"accumcore {accumcore.__version__}")
 EOF
 }
 
-# run_leg NAME DIR TF KERAS NOTEBOOKS(0/1)
+# run_leg NAME DIR TF KERAS HUB NOTEBOOKS(0/1)
 run_leg() {
-  local name="$1" dir="$2" tf="$3" keras="$4" notebooks="$5" t
+  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" notebooks="$6" t
   t=$(date +%s)
   echo "== stack leg '$name': tensorflow-cpu $tf + keras $keras ($dir)"
-  make_venv "$dir" "$tf" "$keras"
+  make_venv "$dir" "$tf" "$keras" "$hub"
   [ "${STACKS_SETUP_ONLY:-0}" = 1 ] && return 0
   echo "== [$name] pytest -m 'not slow' (fast unit tests)"
   PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
@@ -99,7 +107,7 @@ legs=("$@")
 [ ${#legs[@]} -eq 0 ] && legs=(colab)
 for leg in "${legs[@]}"; do
   case "$leg" in
-    colab) run_leg colab .venv-tf219 2.19.0 3.10.0 1 ;;
+    colab) run_leg colab .venv-tf219 2.19.0 3.10.0 0.21.1 1 ;;
     *) echo "unknown leg '$leg' (use: colab)" >&2; exit 2 ;;
   esac
 done
