@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
 import sys
 
 import keras
@@ -685,3 +686,18 @@ def test_profile_step_profiles_both_fits():
         assert summary["micro_steps"] > 0
         assert set(summary["span_by_position_us"]) == set(range(profile_step.ACCUM_STEPS - 1))
         assert "MatMul" in summary["top_op_types_us"]
+
+
+@pytest.mark.slow
+def test_accumulate_lm_benchmark_measures_a_paired_ratio(tmp_path):
+    """benchmarks/accumulate_lm.py on 2 rounds: both configurations timed per round and the
+    paired ratio with its interval written (never a speed: a shared machine)."""
+    pytest.importorskip("keras_hub")
+    out = tmp_path / "accumulate_lm.json"
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "accumulate_lm.py")
+    subprocess.run([sys.executable, script,
+                    "--rounds", "2", "--out", str(out)], check=True, timeout=600)
+    result = json.loads(out.read_text())
+    assert [len(v) for v in result["seconds"].values()] == [2, 2]
+    paired = result["throughput_ratio_paired"]
+    assert paired["low"] <= paired["median"] <= paired["high"] and paired["rounds"] == 2
