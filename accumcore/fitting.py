@@ -3,8 +3,9 @@
 Two ways in share every function here:
 
 * :class:`~accumcore.AccumModel`, a ``keras.Model`` subclass whose methods call them;
-* :func:`accumulate`, which gives one model that already exists (Functional, Sequential, a
-  subclass, a pretrained KerasHub task) the same methods as instance attributes, in place:
+* :func:`~accumcore.accumulate`, which gives one model that already exists (Functional,
+  Sequential, a subclass, a pretrained KerasHub task) the same methods as instance attributes,
+  in place:
   ``type(model)``, its own methods (``generate``, ``preprocessor``, ``save_to_preset``),
   ``predict``, ``evaluate`` and its saved format stay its own.
 
@@ -34,7 +35,7 @@ from accumcore.loss_scaling import is_loss_scale_optimizer
 from accumcore.nonfinite import NonFinitePolicy
 from accumcore.state import AccumulationState
 
-#: The methods :func:`accumulate` gives a model (each wraps the class's own).
+#: The methods :func:`~accumcore.accumulate` gives a model (each wraps the class's own).
 METHODS = ("train_step", "make_train_function", "fit", "compile", "get_compile_config",
            "train_on_batch")
 
@@ -46,7 +47,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
     end-of-epoch policy) and at the end of training, never per batch: a frozen state refuses
     every later micro-batch, and the error says how many it refused.
 
-    ``fit`` (of an ``AccumModel`` or an :func:`accumulate` d model) adds it first in the list,
+    ``fit`` (of an ``AccumModel`` or an ``accumulate`` d model) adds it first in the list,
     so that a partial window is flushed *before* validation and before other callbacks
     (checkpoints) see the epoch's end.
     """
