@@ -186,6 +186,29 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
 
 #: ``python benchmarks/nonfinite_cost.py --out`` 's file in a results directory, if run there.
 NONFINITE_COST_FILE = "nonfinite_cost.json"
+#: ``python benchmarks/accumulate_lm.py --out`` 's file in a results directory, if run there.
+ACCUMULATE_LM_FILE = "accumulate_lm.json"
+
+
+def accumulate_lm_lines(record: dict[str, Any] | None) -> list[str]:
+    """``benchmarks/accumulate_lm.py``'s figure: ``accumulate``'s ``fit`` over Keras's own
+    accumulation on a tiny KerasHub causal LM, paired per round, with its 95 % interval."""
+    if not record:
+        return []
+    c, p = record["config"], record["throughput_ratio_paired"]
+    verdict = "met" if p["median"] >= record["target"] else "**missed**"
+    return [f"`accumcore.accumulate` on a KerasHub `GPT2CausalLM` ({c['layers']} layers, "
+            f"{c['hidden']} wide, {c['sequences']} sequences of {c['length']} tokens, b="
+            f"{c['micro_batch']}, K={c['accum_steps']}, Adam with an `ExponentialDecay` "
+            f"schedule; Keras {c['keras']}, KerasHub {c['keras_hub']}), against the same "
+            "model with Keras's `gradient_accumulation_steps`: `python benchmarks/"
+            f"accumulate_lm.py --rounds {c['rounds']}`. Each round fits one epoch with each, "
+            "in alternating order.", "",
+            "| throughput, accumulate / Keras | paired median [95 % interval] | best of N "
+            "| target | |",
+            "|---|---|---|---|---|",
+            f"| fit | {p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}] | "
+            f"{record['throughput_ratio_best_of_n']:.3f} | ≥ {record['target']:g} | {verdict} |"]
 
 
 def _paired_cost_lines(record: dict[str, Any] | None) -> list[str]:
@@ -510,9 +533,11 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         ]
     for d in result_dirs:
         results = bm.load_results(os.path.join(d, "results.json"))
-        if os.path.isfile(os.path.join(d, NONFINITE_COST_FILE)):
-            with open(os.path.join(d, NONFINITE_COST_FILE), encoding="utf-8") as f:
-                results["nonfinite_cost"] = json.load(f)
+        for key, file in (("nonfinite_cost", NONFINITE_COST_FILE),
+                          ("accumulate_lm", ACCUMULATE_LM_FILE)):
+            if os.path.isfile(os.path.join(d, file)):
+                with open(os.path.join(d, file), encoding="utf-8") as f:
+                    results[key] = json.load(f)
         name = os.path.basename(os.path.normpath(d))
         prefix = os.path.relpath(d, md_dir).replace(os.sep, "/") + "/"
         if prefix == "./":
@@ -526,10 +551,13 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         lines += ["", "### Targets", ""]
         lines += _targets_section(results) + ["", "### A step as lean as Keras's (issue 19)",
                                               ""]
-        lines += _lean_section(results) + ["", "### Throughput (samples/s)", "",
-                                               "Median of the interleaved repeats (± half the "
-                                               "range over the repeats, in % of the median).",
-                                               ""]
+        lines += _lean_section(results) + [""]
+        if results.get("accumulate_lm"):
+            lines += ["### A pretrained model's fit: `accumulate` against Keras's accumulation",
+                      ""] + accumulate_lm_lines(results["accumulate_lm"]) + [""]
+        lines += ["### Throughput (samples/s)", "",
+                  "Median of the interleaved repeats (± half the range over the repeats, in % "
+                  "of the median).", ""]
         if results["throughput"]:
             lines += _throughput_section(results, prefix) + _explanation(results) + [""]
         else:

@@ -701,3 +701,17 @@ def test_accumulate_lm_benchmark_measures_a_paired_ratio(tmp_path):
     assert [len(v) for v in result["seconds"].values()] == [2, 2]
     paired = result["throughput_ratio_paired"]
     assert paired["low"] <= paired["median"] <= paired["high"] and paired["rounds"] == 2
+
+
+def test_accumulate_lm_section_renders_the_paired_ratio_and_its_verdict():
+    record = {"config": {"layers": 2, "hidden": 64, "sequences": 512, "length": 64,
+                         "micro_batch": 8, "accum_steps": 4, "keras": "3.15.1",
+                         "keras_hub": "0.32.0", "rounds": 21},
+              "throughput_ratio_paired": {"median": 0.977, "low": 0.956, "high": 1.4,
+                                          "rounds": 21},
+              "throughput_ratio_best_of_n": 0.993, "target": 0.97}
+    lines = report.accumulate_lm_lines(record)
+    assert lines[-1] == "| fit | 0.977 [0.956, 1.400] | 0.993 | ≥ 0.97 | met |"
+    record["throughput_ratio_paired"]["median"] = 0.9
+    assert report.accumulate_lm_lines(record)[-1].endswith("| **missed** |")
+    assert report.accumulate_lm_lines(None) == []
