@@ -155,7 +155,7 @@ def epoch_in_graph(step: Callable, batches: Any, steps: Any = None) -> tuple:
     if steps is None:
         # iter(): autograph turns this into a tf.while_loop over the iterator. `for batch
         # in dataset` would become `dataset.reduce`, whose body (variable updates,
-        # optimizer) runs about 10-30x slower (benchmarks/RESULTS.md, issue 5).
+        # optimizer) runs about 10-30x slower (benchmarks/RESULTS.md).
         for batch in iter(batches):
             records = _record(step, records, i, batch)
             i += 1

@@ -151,6 +151,6 @@ def ragged_under_xla(trainer: AccumTrainer, x: Any) -> bool:
     """Whether the batch ``x`` must run without XLA: ``trainer`` compiles with XLA and K does
     not divide the batch size (or it is unknown). XLA clamps an out-of-range slice to its
     static size, so a smaller last micro-batch would silently re-read samples of the one before
-    it (issue 5 found this; tests/test_benchmarks.py)."""
+    it (tests/test_benchmarks.py holds this)."""
     n = first_leaf(x).shape[0]
     return trainer.jit_compile and (n is None or n % trainer.accum_steps != 0)

@@ -387,9 +387,9 @@ def accumulators_before_variables(p: Problem) -> keras.Model:
                 model.set_weights(reference.get_weights())
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             # BUG (the consequence): zip() stops at the shorter list, [], silently
-            for a, g in zip(acc, grads):  # noqa: B905
+            for a, g in zip(acc, grads):
                 a.assign_add(g / len(window))
-        opt.apply([a.value() for a in acc],  # noqa: B905
+        opt.apply([a.value() for a in acc],
                   [v for v, _ in zip(model.trainable_variables, acc)])
         for a in acc:
             a.assign(tf.zeros_like(a))
