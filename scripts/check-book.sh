@@ -6,6 +6,8 @@
 #       (allow_errors: false, nb_execution_raise_on_error), as nbval --nbval-lax would (the
 #       cells assert each claim). nbval itself runs on the Colab stack (scripts/test-stacks.sh),
 #       so each notebook is executed once per stack;
+#   (b') every number a notebook's prose quotes is printed, glued or set in a visible cell of
+#       that page (scripts/check_prose_numbers.py over the build's executed notebooks);
 #   (c) headless Chromium opens every built page: page exists, images load, MathJax renders
 #       (offline, vendored), Colab launch links are right (scripts/browser_check.py; it uses
 #       an installed Chromium or Chrome, and skips only with ACCUMCORE_SKIP_BROWSER=1 outside CI).
@@ -31,6 +33,9 @@ t=$(date +%s)
 rm -rf _build
 jupyter-book build . -W -n --keep-going
 echo "== book (b) passed in $(( $(date +%s) - t )) s"
+
+echo "== book (b'): every number in a notebook's prose is shown on its page"
+python scripts/check_prose_numbers.py _build/jupyter_execute/book
 
 echo "== book (c): browser test (headless Chromium)"
 t=$(date +%s)
