@@ -3,7 +3,7 @@
 One accumulated window of any micro-batch sizes produces the same optimizer update as one large
 batch, to float round-off: each micro-batch is weighted by exactly what Keras's own loss divided
 it by (its samples, its sample-weight sum, or its valid elements under a Keras mask or
-``ignore_class``: :mod:`accumcore.denominators`), and the window divides once by the sum.
+``ignore_class``: ``accumcore.denominators``), and the window divides once by the sum.
 
 Entry points:
     :func:`accumulate`     ``model.fit`` of a model you already have (in place, its class kept)

@@ -1,14 +1,14 @@
-"""How each entry point builds for its model before :func:`accumcore.entry.prepare`.
+"""How each entry point builds for its model before ``accumcore.entry.prepare``.
 
-``AccumModel`` (:func:`~accumcore.building.prepare_model` when ``fit`` traces,
-:func:`~accumcore.building.build_on_first_batch` for an unbuilt subclass) checks what
-``keras.Model.fit`` would (:func:`~accumcore.building.check_trainable`) first.
+``AccumModel`` (``prepare_model`` when ``fit`` traces,
+``build_on_first_batch`` for an unbuilt subclass) checks what
+``keras.Model.fit`` would (``check_trainable``) first.
 
-``AccumTrainer``: :func:`~accumcore.building.build_model_and_optimizer` builds the model (by
+``AccumTrainer``: ``build_model_and_optimizer`` builds the model (by
 calling it on the micro-batch, if it is unbuilt) and the optimizer, eagerly, before any
-accumulator is made (:func:`accumcore.entry.prepare` makes them). When the trainable set has
+accumulator is made (``accumcore.entry.prepare`` makes them). When the trainable set has
 changed since the accumulators were made (layers frozen or unfrozen),
-:func:`~accumcore.building.check_new_trainable_set` first checks that it may be followed: no
+``check_new_trainable_set`` first checks that it may be followed: no
 window is pending, and the optimizer can update every variable (a built Keras optimizer cannot
 take new ones).
 """
@@ -151,7 +151,7 @@ def needs_build(model: keras.Model) -> bool:
 
 def prepare_model(model, traced_normalizer: str | Callable) -> str | Callable:
     """``AccumModel.build_accumulation``: check the model can accumulate, then
-    :func:`~accumcore.entry.prepare` its state when a new ``train_function`` is traced (its
+    ``prepare`` its state when a new ``train_function`` is traced (its
     trainable set and the compiled loss's normaliser); a traced one keeps both, as Keras keeps
     its trainable set.
 

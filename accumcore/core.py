@@ -1,7 +1,7 @@
 """One micro-batch's contribution: the gradient of its summed loss and its weight.
 
-Shared by the loops (:mod:`accumcore.loops`) and the Keras integration
-(:mod:`accumcore.model`), so all three entry points compute exactly the same thing.
+Shared by the loops (``accumcore.loops``) and the Keras integration
+(``accumcore.model``), so all three entry points compute exactly the same thing.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def batch_size_of(x: Any) -> tf.Tensor:
 
 #: Keras loss reductions and the normaliser that makes a window exact for each (see
 #: :func:`resolve_normalizer`): every mean is weighted by what it divided by ("auto", read
-#: from the loss as it runs: :mod:`accumcore.denominators`); a summed loss is not divided.
+#: from the loss as it runs: ``accumcore.denominators``); a summed loss is not divided.
 #: "mean" is Keras's alias of "sum_over_batch_size".
 REDUCTION_NORMALIZERS = {
     "sum_over_batch_size": "auto",
@@ -50,7 +50,7 @@ def loss_reductions(loss: Any) -> list[str | None] | None:
     """The ``reduction`` of each Keras loss in ``loss`` (a loss, a name, a list or dict of them).
 
     Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
-    accumcore's :class:`~accumcore.denominators.FunctionLoss` wrapper: the function decides),
+    accumcore's ``FunctionLoss`` wrapper: the function decides),
     else one entry per loss (a name stands for a Keras loss with the default
     ``"sum_over_batch_size"``).
     """
@@ -76,7 +76,7 @@ def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Ca
         normalizer: the user's choice: ``None`` or ``"auto"`` (the default: weigh every
             micro-batch by what its loss divided by, read as the loss runs), ``"samples"``,
             ``"sample_weight"`` (both checked against the loss's own denominator as it runs:
-            :func:`accumcore.denominators.micro_batch_weight`), or a callable item count (always
+            ``accumcore.denominators.micro_batch_weight``), or a callable item count (always
             kept, used as given).
         loss: the loss (see :func:`loss_reductions`).
 
@@ -135,7 +135,7 @@ def replica_loss_factor() -> float:
 
 def as_loss_fn(loss: Any) -> keras.losses.Loss:
     """A reducing Keras loss from a loss instance, a string name, or a callable, as
-    ``model.compile`` makes it (:func:`accumcore.denominators.resolve_loss`)."""
+    ``model.compile`` makes it (``accumcore.denominators.resolve_loss``)."""
     if isinstance(loss, str) and loss.lower() in ("crossentropy", "ce"):
         raise ValueError(
             f"`loss`={loss!r} is chosen from the data by `model.compile`; name the loss "
@@ -181,10 +181,10 @@ def summed_loss_gradients(
         model: the Keras model (built).
         loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's *mean*
             loss (float scalar), e.g. ``model.compute_loss``. Its
-            :class:`~accumcore.denominators.CountedLoss` es report what they divided by.
+            ``CountedLoss`` es report what they divided by.
         x, y, sample_weight: one micro-batch.
         normalizer: how to weigh the micro-batch (see
-            :func:`accumcore.denominators.micro_batch_weight`): ``"auto"`` (what the loss divided
+            ``accumcore.denominators.micro_batch_weight``): ``"auto"`` (what the loss divided
             by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` for a summed loss
             (its gradient is accumulated as it is).
         optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).

@@ -2,7 +2,7 @@
 window is reduced across replicas.
 
 The rule itself (accumulate, advance, close, drop, reset) is written once, in
-:mod:`accumcore.rule` over the state's pieces; a state built under a strategy asks its
+``accumcore.rule`` over the state's pieces; a state built under a strategy asks its
 :class:`StrategyReplicas` (:class:`Replicas` for one replica) where each step runs, and
 :meth:`StrategyReplicas.close` is its close as a whole.
 
@@ -40,7 +40,7 @@ exact zeros. That costs one more gradient-sized all-reduce per window
 Mixed precision under a strategy: the window's finiteness is one more flag of the status
 reduction (the ``LossScaleOptimizer``'s own cross-replica check would read only the first
 replica's share), the update applies the unscaled gradient with the inner optimizer and the
-loss scale follows ``LossScaleOptimizer``'s rule (:mod:`accumcore.loss_scaling`).
+loss scale follows ``LossScaleOptimizer``'s rule (``accumcore.loss_scaling``).
 
 No decision in the compiled step is taken in Python on a tensor value, so the same graph is
 valid for TPUStrategy (untested here: no TPU).

@@ -5,7 +5,7 @@ the state between micro-steps, so the three speak one vocabulary: :func:`prepare
 training (build the accumulators or follow a changed trainable set, the loss's normaliser,
 window-level BatchNorm), :func:`end_epoch` when an epoch ends with a partial window, and
 :func:`flush` to apply one now. How each entry point builds for its model before it
-calls :func:`prepare` is :mod:`accumcore.building`'s.
+calls :func:`prepare` is ``accumcore.building``'s.
 """
 
 from __future__ import annotations

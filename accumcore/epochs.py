@@ -105,7 +105,7 @@ class HistoryBook:
 
         Args:
             policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what :func:`accumcore.entry.end_epoch` did (``None``:
+            outcome: what ``accumcore.entry.end_epoch`` did (``None``:
                 nothing pending).
             updates: optimizer updates applied in this epoch.
         """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 class NonFiniteGradientError(FloatingPointError):
     """A micro-batch produced a NaN or Inf gradient (or one summing beyond the float range:
-    :mod:`accumcore.nonfinite`) under ``nonfinite="raise"``.
+    ``accumcore.nonfinite``) under ``nonfinite="raise"``.
 
     The offending micro-batch was *not* added to the window: the accumulation state is exactly
     as it was before that micro-batch, so a checkpoint taken now loses nothing.

@@ -13,7 +13,7 @@ Each function takes the model and, where it wraps one, the model's own (class) m
 ``base``: the train step (:func:`train_step`, one micro-batch), the build before tracing
 (:func:`make_train_function`), ``fit`` with :class:`WindowFlushCallback` first (:func:`fit`),
 ``compile`` with every loss counted (:func:`compile_counted`: what the loss divides a
-micro-batch by, :mod:`accumcore.denominators`) and a compile config without them
+micro-batch by, ``accumcore.denominators``) and a compile config without them
 (:func:`plain_compile_config`), and ``train_on_batch`` (:func:`train_on_batch`).
 """
 
@@ -99,8 +99,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
 # ---------------------------------------------------------------------- settings
 def configure(model: keras.Model, given: dict) -> None:
-    """Validate the given settings (:data:`accumcore.model_protocol.CONFIG_KEYS`) and set
-    them on ``model``'s state and :class:`~accumcore.building.FitSettings`."""
+    """Validate the given settings (``accumcore.model_protocol.CONFIG_KEYS``) and set
+    them on ``model``'s state and ``FitSettings``."""
     given = dict(given)
     nonfinite = given.pop("nonfinite", None)
     if nonfinite is not None:
@@ -138,7 +138,7 @@ def _own(base: Callable, name: str) -> bool:
 
 def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: Any) -> None:
     """``compile``, with every loss wrapped so that it reports what it divides by
-    (:func:`accumcore.denominators.counted`; the values are Keras's own).
+    (``accumcore.denominators.counted``; the values are Keras's own).
 
     Keras's own ``compile`` gets the counted losses directly. A class with a ``compile`` of its
     own (a KerasHub task resolving ``loss="auto"``) compiles first; its losses are then
@@ -188,7 +188,7 @@ def plain_compile_config(config: Any) -> Any:
 def make_train_function(model: keras.Model, base: Callable, force: bool = False):
     """Build the accumulators (or follow a changed trainable set) and the optimizer, then
     Keras's ``make_train_function``. An unbuilt subclass is built in the first traced step
-    instead, from the first batch (:func:`accumcore.building.build_on_first_batch`), as
+    instead, from the first batch (``accumcore.building.build_on_first_batch``), as
     ``keras.Model.fit`` builds a plain subclass."""
     if settings_of(model).accum_steps_given is False:
         building.build_accumulation(model)  # raises, naming `accum_steps`
@@ -272,7 +272,7 @@ def flush(model: keras.Model) -> bool:
 
 def end_epoch(model: keras.Model, epoch: int | None = None) -> str | None:
     """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was done
-    (:func:`accumcore.entry.end_epoch`)."""
+    (``accumcore.entry.end_epoch``)."""
     return entry.end_epoch(model.accumulation, settings_of(model).end_of_epoch,
                            model.optimizer, model.trainable_variables, epoch)
 

@@ -101,7 +101,7 @@ def new_accumulators(variables: Sequence, placement: Callable[..., dict]) -> lis
     """Zero accumulators, one per variable (float32; float64 for float64 variables).
 
     ``placement(summed)``: the ``tf.Variable`` keywords that place a variable on the replicas
-    (:meth:`accumcore.distribute.Replicas.placement`). Call in ``tf.init_scope``.
+    (``accumcore.distribute.Replicas.placement``). Call in ``tf.init_scope``.
     """
     return [
         tf.Variable(tf.zeros(v.shape, accumulator_dtype(variable_dtype(v))),
@@ -126,8 +126,8 @@ def new_scalars(placement: Callable[..., dict]) -> tuple[dict, dict]:
 
 
 def pieces(state, unsaved: dict[str, tf.Variable]) -> tuple[Window, Counters, NonFiniteGuard]:
-    """The :class:`~accumcore.window.Window`, :class:`~accumcore.window.Counters` and
-    :class:`~accumcore.nonfinite.NonFiniteGuard` over a built state's variables (``unsaved``:
+    """The ``Window``, ``Counters`` and
+    ``NonFiniteGuard`` over a built state's variables (``unsaved``:
     the scalars not saved, by name, which the state keeps out of checkpoints)."""
     parts, s = state.replicas.parts, state
     window = Window(s.accumulators, s.window_weight, s.micro_step, s.window_samples,

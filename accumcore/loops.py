@@ -70,8 +70,8 @@ class AccumTrainer:
             samples, sample-weight sum or valid elements; no division for ``"sum"``),
             ``"samples"`` or ``"sample_weight"`` (checked against that denominator: a masked
             loss refuses ``"samples"``), or a callable ``(x, y, sample_weight) -> item count``,
-            used as given; see :func:`accumcore.core.resolve_normalizer` and
-            :func:`accumcore.denominators.micro_batch_weight`.
+            used as given; see ``accumcore.core.resolve_normalizer`` and
+            ``accumcore.denominators.micro_batch_weight``.
         jit_compile: compile the ``tf.function`` steps with XLA.
 
     The trainable set is followed: freeze or unfreeze layers between calls and the next
@@ -170,7 +170,7 @@ class AccumTrainer:
 
     # ------------------------------------------------------------------ one micro-batch
     def _run_micro_step(self, x, y=None, sample_weight=None):
-        """:func:`~accumcore.steps.micro_step`, on every replica under a strategy (outputs
+        """``micro_step``, on every replica under a strategy (outputs
         combined locally)."""
         step = functools.partial(steps.micro_step, self, self._loss_of, self._normalizer)
         if getattr(self, "_strategy", None) is None:
@@ -230,7 +230,7 @@ class AccumTrainer:
 
     def end_epoch(self) -> str | None:
         """Apply the end-of-epoch policy to a partial window; returns what was done
-        (:func:`accumcore.entry.end_epoch`)."""
+        (``accumcore.entry.end_epoch``)."""
         return entry.end_epoch(self.state, self.end_of_epoch, self.optimizer,
                                self.model.trainable_variables, self.epoch)
 

@@ -58,7 +58,7 @@ class AccumModel(keras.Model):
     ``keras.Model`` silently ignores unknown keywords, so ``accumulation_steps=4`` would train
     with K = 1 unnoticed).
 
-    ``compile`` wraps each loss in a :class:`~accumcore.denominators.CountedLoss` (same value;
+    ``compile`` wraps each loss in a ``CountedLoss`` (same value;
     it reports what the loss divided by); ``model.loss`` stays the loss given to ``compile``.
     The loss logged by ``fit`` is the true mean over the epoch's samples (or tokens: the
     loss's own denominator). The accumulation
@@ -142,7 +142,7 @@ class AccumModel(keras.Model):
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``keras.Model.compile``, with every loss wrapped so that it reports what it divides
-        by (:func:`accumcore.fitting.compile_counted`; the values are Keras's own).
+        by (``accumcore.fitting.compile_counted``; the values are Keras's own).
 
         ``model.loss`` is the loss as given, and so is the compile config (``model.save``,
         ``clone_model``).
@@ -183,7 +183,7 @@ class AccumModel(keras.Model):
         ``compile``), the accumulators follow the trainable set (fine-tuning: freeze, ``fit``,
         unfreeze, ``compile``, ``fit``) and the normaliser follows the compiled loss's
         reduction. Without ``compile`` Keras keeps training the set it traced, and so does
-        accumcore (:func:`accumcore.building.prepare_model`).
+        accumcore (``accumcore.building.prepare_model``).
         """
         building.build_accumulation(self)
 
@@ -195,7 +195,7 @@ class AccumModel(keras.Model):
         return fitting.fit(self, super().fit, *args, **kwargs)
 
     def train_step(self, data):
-        """One micro-batch (:func:`accumcore.fitting.train_step`)."""
+        """One micro-batch (``accumcore.fitting.train_step``)."""
         return fitting.train_step(self, super().train_step, data)
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
@@ -217,5 +217,5 @@ class AccumModel(keras.Model):
 
     def end_epoch(self, epoch: int | None = None) -> str | None:
         """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was
-        done (:func:`accumcore.entry.end_epoch`)."""
+        done (``accumcore.entry.end_epoch``)."""
         return fitting.end_epoch(self, epoch)

@@ -3,7 +3,7 @@
 A micro-batch is flagged when an element of its gradient is NaN or Inf (or its weight is), or
 when one variable's gradient sums beyond the float range (``|sum| > 3.4e38`` in float32, a
 gradient that large is overflow in all but name): the check is one sum per gradient
-(:func:`~accumcore.nonfinite.element_sum`), with no per-element pass.
+(``element_sum``), with no per-element pass.
 A :class:`~accumcore.NonFinitePolicy` says what happens (skip the micro-batch, skip its window,
 or freeze the state and raise from Python); its skip decision is injected, as optax's
 ``MultiSteps(should_skip_update_fn=...)``. A :class:`NonFiniteGuard` holds the state a freeze
@@ -80,15 +80,15 @@ def all_finite(tensors: Sequence) -> tf.Tensor:
 def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
     """The default ``should_skip``: bool scalar, ``True`` for any NaN or Inf in ``grads`` or
     ``weight``, or a gradient whose elements sum beyond the float range
-    (:func:`~accumcore.nonfinite.element_sum`: one pass per gradient;
+    (``element_sum``: one pass per gradient;
     :meth:`NonFiniteGuard.admit` computes the same, keeping the per-gradient flags for the
-    diagnosis: :func:`~accumcore.nonfinite.gradients_finite`)."""
+    diagnosis: ``gradients_finite``)."""
     return tf.logical_not(gradients_finite(grads, weight)[0])
 
 
 def gradients_finite(grads: Sequence, weight: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """``(all_ok, checks)``: ``checks`` is a bool vector, whether each gradient present (not
-    ``None``) has a finite :func:`~accumcore.nonfinite.element_sum`, then whether ``weight``
+    ``None``) has a finite ``element_sum``, then whether ``weight``
     is finite (the freeze's diagnosis reads it); ``all_ok`` (bool scalar) reduces it."""
     axes: dict = {}  # one reduction-axes constant per rank, shared by the sums and the flags
     sums = [element_sum(g, axes) for g in grads if g is not None]
@@ -108,7 +108,7 @@ class NonFinitePolicy:
         skip_window: a skipped micro-batch also discards its whole window when it closes.
         should_skip: ``f(grads, weight) -> bool scalar`` on every micro-batch's gradients (of
             its summed loss) and weight; by default
-            :func:`~accumcore.nonfinite.has_nonfinite`.
+            ``has_nonfinite``.
     """
 
     name: str
@@ -148,7 +148,7 @@ class NonFiniteGuard:
             variable (-1, or the number of variables: only the micro-batch weight was not
             finite); -1 each while not frozen.
         parts: ``variable -> tuple`` of the copies a write here must reach (one, or every
-            local replica's: :meth:`accumcore.distribute.Replicas.parts`).
+            local replica's: ``accumcore.distribute.Replicas.parts``).
     """
 
     def __init__(self, refused, record, parts: Callable[[tf.Variable], tuple]) -> None:

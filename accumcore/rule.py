@@ -7,7 +7,7 @@ one window closed.
 * :func:`close_if_due` and :func:`close`: when the window holds K micro-batches (or any, for a
   flush), its mean gradient ``sum_i c_i grad(L_i) / sum_i c_i``, the skip decision, one
   :func:`apply_update` (the library's only ``optimizer.apply``) and :func:`end_window`. Under a
-  ``tf.distribute`` strategy :meth:`accumcore.distribute.StrategyReplicas.close` is the close.
+  ``tf.distribute`` strategy ``accumcore.distribute.StrategyReplicas.close`` is the close.
 
 The state's methods of the same names (``state.accumulate``, ``state.step``, ...) call these.
 """
@@ -94,7 +94,7 @@ def close(state, optimizer, variables: list) -> tf.Tensor:
     A window is skipped when a micro-batch condemned it (``"skip_window"``) or none of its
     micro-batches was added; under ``"raise"`` neither can happen (a frozen state is never
     due), and a ``LossScaleOptimizer`` skips an overflowed window itself. Under a strategy
-    :meth:`accumcore.distribute.StrategyReplicas.close` is the close, with the window's one
+    ``accumcore.distribute.StrategyReplicas.close`` is the close, with the window's one
     status reduction.
 
     Returns:
@@ -124,7 +124,7 @@ def apply_update(optimizer, variables: list, grads: list, *,
     Args:
         grads: the window's gradient, one entry per variable (``None``: no gradient).
         unscale: apply the unscaled gradient with the inner optimizer of a
-            ``LossScaleOptimizer`` (under a strategy: :mod:`accumcore.loss_scaling`).
+            ``LossScaleOptimizer`` (under a strategy: ``accumcore.loss_scaling``).
 
     Returns:
         bool scalar: whether the update was applied (a LossScaleOptimizer skips an
@@ -151,7 +151,7 @@ def end_window(state, applied: tf.Tensor | bool, *, counted: bool = True,
         counted: count the window in ``windows_applied`` / ``windows_skipped`` (``False``: a
             dropped window, counted only in ``samples_dropped``).
         like: the window's mean gradient, if computed here (one device): what
-            :meth:`~accumcore.window.Window.reset` shapes its zeros like.
+            ``reset`` shapes its zeros like.
 
     Returns:
         bool scalar: ``applied``.

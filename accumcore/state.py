@@ -14,21 +14,21 @@ Adam's bias correction, clipping, weight decay and EMA all advance once per wind
 
 Like optax's ``MultiSteps``, all mutable accumulation state lives in one object. Its pieces:
 
-* :class:`~accumcore.window.Window`: the accumulators, the weight and the count (add, due,
+* ``Window``: the accumulators, the weight and the count (add, due,
   mean, reset);
-* :class:`~accumcore.nonfinite.NonFiniteGuard` and the policy: what a bad micro-batch does;
-* :class:`~accumcore.window.Counters`: the run-long counts;
+* ``NonFiniteGuard`` and the policy: what a bad micro-batch does;
+* ``Counters``: the run-long counts;
 * :class:`~accumcore.AccumulationState`: holds them and their variables (made by
-  :mod:`accumcore.layout`, under the names checkpoints know), and runs one micro-step
+  ``accumcore.layout``, under the names checkpoints know), and runs one micro-step
   (:meth:`~accumcore.AccumulationState.step`) with the rule's functions in
-  :mod:`accumcore.rule`: ``accumulate``, ``close_if_due``, ``close`` (the one-device close,
+  ``accumcore.rule``: ``accumulate``, ``close_if_due``, ``close`` (the one-device close,
   on one screen) and ``apply_update``, the library's only ``optimizer.apply``.
 
-Under a ``tf.distribute`` strategy, :mod:`accumcore.distribute` supplies where each step runs
+Under a ``tf.distribute`` strategy, ``accumcore.distribute`` supplies where each step runs
 and its own close (one status reduction per window); loss scaling is the
-``LossScaleOptimizer``'s own (:mod:`accumcore.loss_scaling`). What an entry point does around
+``LossScaleOptimizer``'s own (``accumcore.loss_scaling``). What an entry point does around
 the state (building it for a model, following the trainable set, the end-of-epoch policy) is
-:mod:`accumcore.entry`'s.
+``accumcore.entry``'s.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what a non-finite gradient does (:mod:`accumcore.nonfinite`: what counts):
+        nonfinite: what a non-finite gradient does (``accumcore.nonfinite``: what counts):
             ``"raise"`` (default: freeze the state before that micro-batch and raise
             :class:`~accumcore.NonFiniteGradientError` from the Python side),
             ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),
@@ -75,8 +75,8 @@ class AccumulationState(tf.Module):
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    :data:`accumcore.layout.SCALARS`: the :class:`~accumcore.window.Window`'s and the
-    :class:`~accumcore.window.Counters` (the ``guard``'s are in no checkpoint).
+    ``accumcore.layout.SCALARS``: the ``Window``'s and the
+    ``Counters`` (the ``guard``'s are in no checkpoint).
     :attr:`window_variables` and :meth:`variables_for_saving` list them.
     """
 
@@ -90,9 +90,9 @@ class AccumulationState(tf.Module):
         self._pieces = _Untracked(None)  # (Window, Counters, NonFiniteGuard) once built
         #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
         #: default, for mean losses); ``False`` applies it as it is, for losses that are
-        #: already sums (``reduction="sum"``). Set from the loss by :mod:`accumcore.entry`.
+        #: already sums (``reduction="sum"``). Set from the loss by ``accumcore.entry``.
         self.normalize = True
-        #: Where the rule's steps run (:class:`~accumcore.distribute.Replicas`; see build).
+        #: Where the rule's steps run (``Replicas``; see build).
         self.replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
@@ -320,12 +320,12 @@ class AccumulationState(tf.Module):
     def apply_update(self, optimizer, variables: list, grads: list, *,
                      unscale: bool = False) -> tf.Tensor:
         """The window's optimizer update, the library's one ``apply`` call
-        (:func:`accumcore.rule.apply_update`); bool scalar: whether it was applied."""
+        (``accumcore.rule.apply_update``); bool scalar: whether it was applied."""
         return rule.apply_update(optimizer, variables, grads, unscale=unscale)
 
     def end_window(self, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
         """End the window, ``applied`` (a bool or bool scalar) or not: counted, the window
-        hooks run, then emptied (:func:`accumcore.rule.end_window`). Returns ``applied``."""
+        hooks run, then emptied (``accumcore.rule.end_window``). Returns ``applied``."""
         return rule.end_window(self, applied, counted=counted)
 
     # ------------------------------------------------------------------ non-finite report

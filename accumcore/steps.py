@@ -3,7 +3,7 @@
 * :func:`loss_of`: the loss the trainer differentiates, its counted loss plus the model's
   regularisation losses (``model.losses``).
 * :func:`micro_step`: one micro-batch on one replica: the gradient of its summed loss
-  (:func:`accumcore.core.summed_loss_gradients`) into the window, the window applied if due
+  (``accumcore.core.summed_loss_gradients``) into the window, the window applied if due
   (``AccumulationState.step``). :func:`compile_micro_step` compiles it with the batch
   dimension unknown, so that a ragged last micro-batch does not retrace.
 * :func:`split_window`: the body of :meth:`AccumTrainer.window_step
@@ -49,9 +49,9 @@ def _batch_relaxed_specs(structure: Any) -> Any:
 def loss_of(counted_loss: Callable, model: keras.Model, x: Any, y: Any, y_pred: Any,
             sample_weight: Any) -> tf.Tensor:
     """The micro-batch's mean loss (scalar, loss units): ``counted_loss(y, y_pred,
-    sample_weight)`` (a :class:`~accumcore.denominators.CountedLoss`, which records what it
+    sample_weight)`` (a ``CountedLoss``, which records what it
     divides by) plus ``model.losses``. ``x`` is unused; bound to its first two arguments, this
-    is the ``loss_of`` of :func:`~accumcore.core.summed_loss_gradients`."""
+    is the ``loss_of`` of ``summed_loss_gradients``."""
     if y is None:
         raise ValueError(
             "`dataset` yields no labels (y), but the loss needs them: make it yield "
@@ -69,7 +69,7 @@ def loss_of(counted_loss: Callable, model: keras.Model, x: Any, y: Any, y_pred: 
 def micro_step(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any, y: Any = None,
                sample_weight: Any = None) -> tuple:
     """One micro-batch of ``trainer`` on one replica, with its ``loss`` (a bound
-    :func:`loss_of`) and its resolved ``normalizer`` (:func:`~accumcore.core.resolve_normalizer`).
+    :func:`loss_of`) and its resolved ``normalizer`` (``resolve_normalizer``).
 
     Returns:
         ``(mean_loss, weight, applied)``, float32, float32 and bool scalar tensors.

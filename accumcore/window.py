@@ -3,7 +3,7 @@
 A :class:`Window` adds one micro-batch (``sum_i c_i grad(L_i)`` per variable, ``W = sum_i c_i``,
 its samples), says when it is due, gives its mean gradient ``sum / W`` and empties itself. It
 writes only its own variables; what a bad micro-batch does is the non-finite guard's
-(:mod:`accumcore.nonfinite`) and what is counted over the run is :class:`Counters`'.
+(``accumcore.nonfinite``) and what is counted over the run is :class:`Counters`'.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ class Window:
         poisoned: int64 scalar variable, 1 once a skipped micro-batch condemned the window
             (``nonfinite="skip_window"``).
         parts: ``variable -> tuple`` of the copies a write must reach (one, or every local
-            replica's in cross-replica context: :meth:`accumcore.distribute.Replicas.parts`).
+            replica's in cross-replica context: ``accumcore.distribute.Replicas.parts``).
         distributed: the accumulators are replica-local (``ON_READ``): sparse rows are added
             densely (those variables have no ``scatter_add``).
     """

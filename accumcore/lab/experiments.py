@@ -50,7 +50,7 @@ def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
 
     Returns:
         ``[mean_0, variance_0, mean_1, variance_1, ...]`` as float64 arrays of shape
-        ``(channels,)``, in :func:`accumcore.batchnorm.batchnorm_layers`'s order (layer names
+        ``(channels,)``, in ``accumcore.batchnorm.batchnorm_layers``'s order (layer names
         are not used, so two separately built models of the same architecture compare position
         by position); layers not built yet are left out.
     """
