@@ -278,7 +278,7 @@ def end_epoch(model: keras.Model, epoch: int | None = None) -> str | None:
 
 
 # ---------------------------------------------------------------------- accumulate
-_WARNED_OWN_LOSS: set[int] = set()
+_WARNED_OWN_LOSS: set[type] = set()  # classes warned about (once each)
 
 
 def _refuse(model: Any) -> None:
@@ -288,9 +288,10 @@ def _refuse(model: Any) -> None:
         raise ValueError(
             f"{type(model).__name__} overrides `train_step`, so accumcore cannot take over "
             "its training step without dropping yours. Call accumcore from your own "
-            "`train_step` (`AccumulationState.step` with `accumcore.core."
-            "summed_loss_gradients`: the book's 'Keras workflows' page shows it), or train it "
-            "with `accumcore.AccumTrainer`."
+            "`train_step`: `model.accumulation = accumcore.AccumulationState(K)`, then per "
+            "micro-batch `state.step(grads, weight, samples, optimizer, variables)` with the "
+            "gradients of the micro-batch's summed loss (the API page documents "
+            "AccumulationState), or train it with `accumcore.AccumTrainer`."
         )
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
