@@ -288,8 +288,9 @@ def _refuse(model: Any) -> None:
         raise ValueError(
             f"{type(model).__name__} overrides `train_step`, so accumcore cannot take over "
             "its training step without dropping yours. Call accumcore from your own "
-            "`train_step`: `model.accumulation = accumcore.AccumulationState(K)`, then per "
-            "micro-batch `state.step(grads, weight, samples, optimizer, variables)` with the "
+            "`train_step`: `state = accumcore.AccumulationState(K)`, `state.build(model."
+            "trainable_variables)` once, then per micro-batch `state.step(grads, weight, "
+            "samples, optimizer, variables)` with the "
             "gradients of the micro-batch's summed loss (the API page documents "
             "AccumulationState), or train it with `accumcore.AccumTrainer`."
         )
