@@ -76,7 +76,8 @@ if [ -z "$only" ] || [[ ",$only," == *",stacks,"* ]]; then
   stacks_log="$ACCUMCORE_DIST.stacks-setup.log"
   STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh > "$stacks_log" 2>&1 &
   stacks_setup=$!
-  trap 'kill "$stacks_setup" 2> /dev/null; rm -rf "$ACCUMCORE_DIST" "$stacks_log"' EXIT
+  # (`|| true`: errexit holds in the trap too, and the setup has usually ended by then)
+  trap 'kill "$stacks_setup" 2> /dev/null || true; rm -rf "$ACCUMCORE_DIST" "$stacks_log"' EXIT
 fi
 for step in "${STEPS[@]}"; do
   if [ -n "$only" ] && [[ ",$only," != *",$step,"* ]]; then
