@@ -118,6 +118,21 @@ def configure(model: keras.Model, given: dict) -> None:
                 settings.traced_normalizer = value
 
 
+def attach(model: keras.Model, given: dict) -> None:
+    """Give ``model`` its accumulation state, its ``FitSettings`` (from ``given``, checked by
+    :func:`configure`) and the weight-file entry that saves the state (``AccumModel.__init__``
+    and :func:`~accumcore.accumulate`)."""
+    state = AccumulationState(1, nonfinite=given.get("nonfinite") or "raise")
+    try:
+        model.accumulation = state  # tracked: tf.train.Checkpoint(model=model) holds it
+    except (AttributeError, ValueError):  # pragma: no cover - a class that forbids it
+        object.__setattr__(model, "accumulation", state)
+    object.__setattr__(model, SETTINGS_ATTRIBUTE, FitSettings())
+    configure(model, given)
+    # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
+    object.__setattr__(model, "_accumulation_store", model_protocol.AccumulationStore(model))
+
+
 def set_accumulation(model: keras.Model, given: dict) -> None:
     """Change the settings between ``fit`` calls (the window must be empty); the next ``fit``
     traces a new step with them."""
@@ -359,14 +374,7 @@ def accumulate(model: keras.Model, accum_steps: int, *, end_of_epoch: str = "app
     _refuse(model)
     check_settings(accum_steps=accum_steps, end_of_epoch=end_of_epoch, normalizer=normalizer)
     _warn_own_compute_loss(model, normalizer)
-    state = AccumulationState(accum_steps, nonfinite=nonfinite)
-    try:
-        model.accumulation = state  # tracked: tf.train.Checkpoint(model=model) holds it
-    except (AttributeError, ValueError):  # pragma: no cover - a class that forbids it
-        object.__setattr__(model, "accumulation", state)
-    object.__setattr__(model, SETTINGS_ATTRIBUTE, FitSettings())
-    configure(model, given)
-    object.__setattr__(model, "_accumulation_store", model_protocol.AccumulationStore(model))
+    attach(model, given)
     wrappers = dict(train_step=train_step, make_train_function=make_train_function, fit=fit,
                     compile=compile_counted, train_on_batch=train_on_batch,
                     get_compile_config=_plain_get_compile_config)

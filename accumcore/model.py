@@ -23,10 +23,9 @@ from typing import Any
 import keras
 
 from accumcore import building, compat, fitting, model_protocol
-from accumcore.building import SETTINGS_ATTRIBUTE, FitSettings, settings_of
+from accumcore.building import settings_of
 from accumcore.fitting import WindowFlushCallback
 from accumcore.nonfinite import NONFINITE, NonFinitePolicy
-from accumcore.state import AccumulationState
 
 __all__ = ["AccumModel", "WindowFlushCallback"]
 
@@ -98,12 +97,8 @@ class AccumModel(keras.Model):
         else:
             super().__init__(*args, **kwargs)
         # The state holds K and the non-finite policy, FitSettings the rest.
-        self.accumulation = AccumulationState(1, nonfinite=nonfinite)
-        object.__setattr__(self, SETTINGS_ATTRIBUTE, FitSettings())
-        fitting.configure(self, dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
-                                     normalizer=normalizer))
-        # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
-        object.__setattr__(self, "_accumulation_store", model_protocol.AccumulationStore(self))
+        fitting.attach(self, dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
+                                  nonfinite=nonfinite, normalizer=normalizer))
 
     # ------------------------------------------------------------------ config
     @property
