@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the benchmark suite on a GPU and write benchmarks/results/gpu/ (JSON + plots), then
-# re-render benchmarks/RESULTS.md with the CPU and GPU results side by side.
+# re-render benchmarks/RESULTS.md and READER.md with the CPU and GPU results side by side.
 #
 # Needs a Python with a GPU build of TensorFlow >= 2.16 (Keras 3) and matplotlib, e.g.
 #   pip install "tensorflow[and-cuda]==2.21.0" matplotlib && pip install -e .
@@ -45,5 +45,5 @@ for part in ${PARTS//,/ }; do
     --probe-start 1024 --probe-multiple-of 1024
 done
 "$PY" benchmarks/run.py --check "$OUT" --allow-errors
-"$PY" benchmarks/run.py --report   # benchmarks/RESULTS.md from results/cpu and results/gpu
-echo "== done: $OUT and benchmarks/RESULTS.md (commit both)"
+"$PY" benchmarks/run.py --report   # benchmarks/RESULTS.md, READER.md from results/cpu and gpu
+echo "== done: $OUT, benchmarks/RESULTS.md and benchmarks/READER.md (commit them together)"

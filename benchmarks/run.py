@@ -3,9 +3,11 @@
 Usage (from the repository root, with the project's virtual environment):
 
     python benchmarks/run.py                 # full suite -> benchmarks/results/<cpu|gpu>/,
-                                             #   then re-renders benchmarks/RESULTS.md
+                                             #   then re-renders benchmarks/RESULTS.md and
+                                             #   benchmarks/READER.md (the book's page)
     python benchmarks/run.py --quick --out DIR   # smoke test (tiny sizes), everything in DIR
-    python benchmarks/run.py --report        # re-render RESULTS.md and plots from the JSON
+    python benchmarks/run.py --report        # re-render RESULTS.md, READER.md and the plots
+                                             #   from the JSON
     python benchmarks/run.py --only memory,tracing --out DIR
     python benchmarks/run.py --check DIR     # exit 1 unless DIR holds well-formed outputs
 
@@ -53,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--allow-errors", action="store_true",
                    help="with --check: accept configurations that failed (reported in the JSON)")
     p.add_argument("--report", action="store_true",
-                   help="only re-render RESULTS.md and the plots from existing results.json")
+                   help="only re-render RESULTS.md, READER.md and the plots from existing "
+                        "results.json")
     return p.parse_args(argv)
 
 
@@ -84,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         dirs = [args.out] if args.out else report.default_result_dirs()
         for d in dirs:  # each run's own page (and plots)
             print("wrote", report.write_report([d], os.path.join(d, "RESULTS.md")))
-        if not args.out:  # the combined page
+        if not args.out:  # the combined pages: the maintainers' report and the book's
             print("wrote", report.write_report(dirs, report.TOP_REPORT, plots=False))
+            print("wrote", report.write_reader_page(dirs))
         return 0
     overrides = {k: v for k, v in {
         "device": args.device, "data": args.data, "repeats": args.repeats,
@@ -119,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     md = report.write_report([out], os.path.join(out, "RESULTS.md"))
     print("wrote", md)
     if os.path.dirname(os.path.abspath(out)) == os.path.abspath(report.RESULTS_DIR):
-        # A run into benchmarks/results/<name>: re-render the combined benchmarks/RESULTS.md.
+        # A run into benchmarks/results/<name>: re-render the combined RESULTS.md and READER.md.
         md = report.write_report(report.default_result_dirs(), report.TOP_REPORT, plots=False)
         print("wrote", md)
+        print("wrote", report.write_reader_page(report.default_result_dirs()))
     judged = [t for t in results["targets"] if t["met"] is not None]
     print(f"targets met: {sum(t['met'] for t in judged)} of {len(judged)}; "
           f"total {results['duration_s'] / 60:.1f} min")

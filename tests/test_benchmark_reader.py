@@ -1,0 +1,119 @@
+"""The reader's benchmark page (``benchmarks/READER.md``, which the book's Reference includes):
+the measurements and what they mean, without the maintainers' targets and verdicts.
+
+``benchmarks/RESULTS.md`` keeps every target, met or missed, the unit tests' time and the code's
+size; the reader's page is rendered from the same JSON by ``report.render_reader_page`` and
+must hold none of ``report.READER_FORBIDDEN``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from test_benchmarks import fake_results
+
+from accumcore.lab import benchmarking as bm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import report  # noqa: E402
+
+
+def _full_fake_run(out) -> str:
+    """A fake run with everything RESULTS.md judges: targets, unit tests, code sizes, the
+    paired non-finite cost and the language-model fit."""
+    results = fake_results()
+    results["unit_tests"] = {"passed": 607, "failed": 0, "errors": 0, "skipped": 0,
+                             "seconds": 213.8}
+    results["code"] = {"largest_class": [299, "accumcore/state.py:AccumulationState"],
+                       "longest_function": [59, "accumcore/loops.py:fit"],
+                       "code_lines": [3126, "24 files"], "files": {"accumcore/state.py": 161}}
+    results["targets"] = bm.evaluate_targets(results)
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(results))
+    paired = {kind: {"best": best, "samples_per_s": 2048.0, "seconds": [2.5, 2.0],
+                     "paired": {"median": med, "low": med - 0.02, "high": med + 0.01,
+                                "rounds": 41}}
+              for kind, best, med in (("keras_ga", 1.0, 1.0), ("accumcore", 0.95, 0.912),
+                                      ("accumcore_unchecked", 1.01, 0.987))}
+    (out / report.NONFINITE_COST_FILE).write_text(json.dumps(
+        {"created": "2026-12-03T22:40:00", "rounds": 41, "micro_batch": 16, "accum_steps": 4,
+         "by_spe": {"1": paired}}))
+    (out / report.ACCUMULATE_LM_FILE).write_text(json.dumps(
+        {"config": {"layers": 2, "hidden": 64, "sequences": 512, "length": 64, "micro_batch": 8,
+                    "accum_steps": 4, "keras": "3.15.1", "keras_hub": "0.32.0", "rounds": 21},
+         "throughput_ratio_paired": {"median": 0.9, "low": 0.85, "high": 0.95},
+         "throughput_ratio_best_of_n": 0.93, "target": 0.97}))
+    report.write_report([str(out)], str(out / "RESULTS.md"))
+    return str(out)
+
+
+def test_reader_page_has_the_tables_and_none_of_the_targets(tmp_path):
+    out = _full_fake_run(tmp_path / "run")
+    maintainers = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
+    # the same run's maintainers' report holds what the reader's page must not
+    for fragment in ("### Targets", "checks met", "missed by", "(issue 19)",
+                     "fast unit tests (seconds)", "Library code lines", "| ≥ 0.97 | **missed** |"):
+        assert fragment in maintainers, fragment
+    path = report.write_reader_page([out], os.path.join(out, "READER.md"))
+    text = open(path, encoding="utf-8").read()
+    assert report.reader_page_problems(text) == []
+    for fragment in ("### Summary", "**What the ratios mean.**",
+                     "| (4)/(3): AccumModel.fit / fit with Keras's accumulation, "
+                     "steps_per_execution=1 | 1 | 1.12 | 1.12 | 1.12 |",
+                     "| (4) accumcore AccumModel.fit | 90 (±0 %) |", "#### Ratios",
+                     "| mlp b=16 K=4 | 1.12 | 0.95 | 1.06 with (5) whole epoch |",
+                     "![throughput mlp](throughput_mlp.png)", "![ratios](ratios.png)",
+                     "| mlp | AccumTrainer.window_step | 700 | 450 | 1.56 |",
+                     "| 1 | 0.912 [0.892, 0.922] | 0.950 | 0.987 [0.967, 0.997] | 1.010 |",
+                     "| fit | 0.900 [0.850, 0.950] | 0.930 |", "![memory](memory.png)",
+                     "| retracer | [2, 1, 0] | 3 |", "1 traces came after the first epoch"):
+        assert fragment in text, fragment
+    for word in ("target", "missed", "issue", "unit tests", "code lines", "**no**", "checks met"):
+        assert word not in text.lower(), word
+
+
+@pytest.mark.parametrize("line", [
+    "**22 of 51 checks met.**",
+    "| (4)/(3) | mlp b=16 K=4 | 0.838 | 1.000 | **no** (missed by 16.2 %) |",
+    "### A step as lean as Keras's (issue 19)",
+    "| ratio | lowest | target | cells at or above it |",
+    "| fast unit tests (seconds) | 610 passed | 214.3 |",
+    "Library code lines by module: `state.py` 161.",
+    "ranged over 0.83–1.03 (met in 1 of 8 cells)",
+    "its graph operations: `tests/test_hot_path.py`",
+    "| graph ops | 1.14 | ≤ 1.5 threshold |",
+    "| ratio | 5 of 8 cells |",
+])
+def test_each_kind_of_maintainers_line_is_caught(line, tmp_path, monkeypatch):
+    assert report.reader_page_problems(f"# Results\n\n{line}\n")
+    out = _full_fake_run(tmp_path / "run")
+    rendered = report.render_reader_page
+    monkeypatch.setattr(report, "render_reader_page",
+                        lambda dirs, md_dir: rendered(dirs, md_dir) + line + "\n")
+    with pytest.raises(ValueError, match="the reader's page contains"):
+        report.write_reader_page([out], os.path.join(out, "READER.md"))
+    assert not os.path.exists(os.path.join(out, "READER.md"))  # nothing written
+
+
+def test_committed_reader_page_is_rendered_from_the_committed_json():
+    """``python benchmarks/run.py --report`` was run after the last change of the JSON or of
+    the renderer, and what it wrote is clean."""
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        committed = f.read()
+    rendered = report.render_reader_page(report.default_result_dirs(),
+                                         os.path.dirname(report.READER_PAGE))
+    assert committed == rendered, "benchmarks/READER.md is stale: run benchmarks/run.py --report"
+    assert report.reader_page_problems(committed) == []
+    assert "### Peak memory" in committed and "![ratios](results/cpu/ratios.png)" in committed
+
+
+def test_the_book_page_includes_the_reader_page_and_states_no_targets():
+    with open(os.path.join(ROOT, "book", "reference", "benchmarks.md"), encoding="utf-8") as f:
+        page = f.read()
+    assert "```{include} ../../benchmarks/READER.md" in page
+    assert "{include} ../../benchmarks/RESULTS.md" not in page
+    assert report.reader_page_problems(page) == []
