@@ -220,7 +220,7 @@ class ResumableLoop:
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
 
         def after(step: int, record: tuple) -> None:
-            # Host reads per micro-batch (after the non-finite check, so that a frozen state is
+            # Host reads per micro-batch (after the non-finite check, so that a stopped state is
             # never saved): the running sums are checkpointed with the state.
             loss, weight, applied = record
             book.micro_batch(float(loss), float(weight), bool(applied))

@@ -1,10 +1,9 @@
 """Several replicas (``tf.distribute``): where each step of the window rule runs, and how the
 window is reduced across replicas.
 
-The rule itself (accumulate, advance, close, drop, reset) is written once, in
-``accumcore.rule`` over the state's pieces; a state built under a strategy asks its
-:class:`StrategyReplicas` (:class:`Replicas` for one replica) where each step runs, and
-:meth:`StrategyReplicas.close` is its close as a whole.
+The rule itself (add, close, end) is written once, in ``accumcore.rule``; it asks the state's
+:class:`Replicas` (one replica) or :class:`StrategyReplicas` (a strategy) where each step runs
+and how the window's status is reduced.
 
 Under a strategy every micro-step runs in *replica context* (inside ``strategy.run``): each
 replica adds the gradient of its shard's summed loss ``c_i * L_i`` to its own accumulators
@@ -13,18 +12,18 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 *cross-replica context*, so no ``merge_call`` ever sits inside a replica-context ``cond``
 (TensorFlow refuses that: "merge_call called while defining a new graph").
 
-When the window is full (a ``tf.cond`` in cross-replica context), :meth:`StrategyReplicas.close`
-closes it:
+When the window is full (a ``tf.cond`` in cross-replica context), ``accumcore.rule.close``
+closes it, asking :class:`StrategyReplicas` for two steps:
 
-1. every replica reports its status ``[weight, frozen, poisoned, samples(, non-finite)]``,
-   stacked as one float32 vector (:meth:`StrategyReplicas.close`);
+1. every replica reports its status ``[weight, poisoned, samples, non-finite flags]``, stacked
+   as one float32 vector (:meth:`StrategyReplicas.reduce_window`);
 2. **one** batched all-reduce (SUM) gives the global window weight ``W = sum_i c_i`` and flags
    (when the optimizer clips gradients, the window's gradient sums travel in the same batch);
 3. unless the window is skipped, the optimizer update runs once, back in replica context
-   (``strategy.run``, not inside a replica-context ``cond``), on ``acc_r / W``. A Keras 3
-   TensorFlow optimizer all-reduces (SUM) its gradients itself there, so the replicas'
-   ``acc_r / W`` add up to the large-batch gradient ``sum_r acc_r / W``: the window's
-   gradients cross the replicas exactly once.
+   (:meth:`StrategyReplicas.on_replicas`, not inside a replica-context ``cond``), on
+   ``acc_r / W``. A Keras 3 TensorFlow optimizer all-reduces (SUM) its gradients itself there,
+   so the replicas' ``acc_r / W`` add up to the large-batch gradient ``sum_r acc_r / W``: the
+   window's gradients cross the replicas exactly once.
 
 Why not apply in cross-replica context: Keras's TensorFlow optimizer routes its update through
 ``maybe_merge_call``, which calls ``get_replica_context().merge_call`` and fails there (the
@@ -37,7 +36,7 @@ gradient and the others zeros: Keras clips the true large-batch gradient and its
 exact zeros. That costs one more gradient-sized all-reduce per window
 (the book's Reference page on multiple devices).
 
-Mixed precision under a strategy: the window's finiteness is one more flag of the status
+Mixed precision under a strategy: the window's finiteness is part of the status
 reduction (the ``LossScaleOptimizer``'s own cross-replica check would read only the first
 replica's share), the update applies the unscaled gradient with the inner optimizer and the
 loss scale follows ``LossScaleOptimizer``'s rule (``accumcore.loss_scaling``).
@@ -54,8 +53,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore.loss_scaling import inner_optimizer, is_loss_scale_optimizer, update_scale
-from accumcore.nonfinite import all_finite
+from accumcore.loss_scaling import inner_optimizer
 
 _SUM = tf.distribute.ReduceOp.SUM
 _CLIP_ATTRIBUTES = ("clipnorm", "clipvalue", "global_clipnorm")
@@ -143,6 +141,18 @@ class Replicas:
         """Drop compiled decisions (the state re-created its accumulators); none here."""
         return None  # a body besides the docstring, which AutoGraph can convert
 
+    def reduce_window(self, window, present: list, check: Callable, optimizer) -> tuple:
+        """The window's status for its close: ``(weight, poisoned, samples, nonfinite,
+        sums)``, with ``nonfinite = check(sums of the accumulators in present)`` and ``sums``
+        what :meth:`on_replicas` passes to the update (none: it reads the accumulators)."""
+        nonfinite = check([window.accumulators[i].value() for i in present])
+        return window.weight.value(), window.poisoned.value(), window.samples.value(), \
+            nonfinite, []
+
+    def on_replicas(self, update: Callable, sums: list) -> tf.Tensor:
+        """Run ``update(*sums)`` (the window's one update) where the optimizer may apply."""
+        return update(*sums)
+
 
 class StrategyReplicas(Replicas):
     """:class:`Replicas` under a ``tf.distribute`` strategy (see the module docstring)."""
@@ -188,46 +198,31 @@ class StrategyReplicas(Replicas):
     def forget(self) -> None:
         self._functions.clear()
 
-    def close(self, state, optimizer: keras.optimizers.Optimizer, variables: list) -> tf.Tensor:
-        """Close a due window of ``state`` (cross-replica context): the module docstring's
-        steps 1-3. Returns whether an optimizer update was applied (bool scalar)."""
-        window = state.window
-        mirror = is_loss_scale_optimizer(optimizer)  # the window's one finiteness check
+    def reduce_window(self, window, present: list, check: Callable, optimizer) -> tuple:
+        """The module docstring's steps 1-2: every replica's status, one batched all-reduce."""
         prereduce = optimizer_clips(optimizer)  # gradient sums travel with the status
-        present = [i for i, has in enumerate(window.has_gradient) if has]
 
         def local_status() -> list:
-            sums = [window.accumulators[i].read_value() for i in present] \
-                if mirror or prereduce else []
-            flags = [window.weight.read_value(), state.frozen, window.poisoned.read_value(),
-                     window.samples.read_value()]
-            if mirror:
-                flags.append(tf.logical_not(all_finite(sums)))
-            status = tf.stack([tf.cast(f, tf.float32) for f in flags])
+            sums = [window.accumulators[i].read_value() for i in present]
+            counts = [window.weight.read_value(), window.poisoned.read_value(),
+                      window.samples.read_value()]
+            status = tf.concat([tf.stack([tf.cast(c, tf.float32) for c in counts]),
+                                check(sums)], 0)
             return [status, *(sums if prereduce else [])]
 
         per_replica = self.strategy.run(local_status)
         reduced = self.strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
-        weight, frozen, poisoned, samples, *overflow = tf.unstack(self.first(reduced[0]))
+        status = self.first(reduced[0])
+        return status[0], status[1], status[2], status[3:], reduced[1:]
 
-        def on_replica(status, *sums) -> tf.Tensor:
-            if sums:  # replica 0 passes the global sums, the others exact zeros
-                first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
-                sums = [tf.where(first, s, tf.zeros_like(s)) for s in sums]
-            grads = window.mean(status[0], sums, normalize=state.normalize)
-            return state.apply_update(optimizer, variables, grads, unscale=mirror)
+    def on_replicas(self, update: Callable, sums: list) -> tf.Tensor:
+        """Step 3: ``update`` back in replica context; with reduced ``sums`` (clipping),
+        replica 0 passes the global sums and the others exact zeros."""
+        def on_replica(*shares) -> tf.Tensor:
+            first = tf.equal(tf.distribute.get_replica_context().replica_id_in_sync_group, 0)
+            return update(*[tf.where(first, s, tf.zeros_like(s)) for s in shares])
 
-        def close() -> tf.Tensor:
-            skip = tf.logical_or(poisoned > 0, samples <= 0)
-            if mirror:  # no window is poisoned under loss scaling: skipped = overflowed
-                skip = tf.logical_or(skip, overflow[0] > 0)
-            applied = tf.cond(skip, lambda: tf.constant(False),
-                              lambda: self.first(self.strategy.run(on_replica, args=reduced)))
-            if mirror:
-                update_scale(optimizer, applied)
-            return state.end_window(applied)
-
-        return tf.cond(frozen > 0, lambda: tf.constant(False), close)
+        return self.first(self.strategy.run(on_replica, args=tuple(sums)))
 
 
 _ONE_REPLICA = Replicas()

@@ -56,7 +56,7 @@ def end_epoch(state: AccumulationState, policy: str, optimizer,
     Returns:
         ``None`` if no window was pending (nothing done), else what was done: ``"applied"``
         (an optimizer update), ``"skipped"`` (``"apply"``, but the window was skipped:
-        non-finite, or frozen), ``"dropped"`` or ``"carried"``.
+        non-finite, or training stopped), ``"dropped"`` or ``"carried"``.
     """
     pending = state.pending_micro_batches()
     if pending == 0:

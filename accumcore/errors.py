@@ -4,39 +4,30 @@ from __future__ import annotations
 
 
 class NonFiniteGradientError(FloatingPointError):
-    """A micro-batch produced a NaN or Inf gradient (or one summing beyond the float range:
-    ``accumcore.nonfinite``) under ``nonfinite="raise"``.
+    """A window's gradient was not finite (NaN or Inf, or elements summing beyond the float
+    range) under ``nonfinite="raise"``.
 
-    The offending micro-batch was *not* added to the window: the accumulation state is exactly
-    as it was before that micro-batch, so a checkpoint taken now loses nothing.
-
-    Training stays stopped until the stop is cleared: the next ``AccumModel.fit`` /
-    ``AccumTrainer.fit`` clears it (logged) and continues the kept window with its data; in a
-    custom loop call ``state.clear_nonfinite()``. ``model.flush()`` / ``trainer.flush()``
-    applies the kept window at once, ``state.drop_window()`` discards it.
+    That window was discarded whole, unapplied; the windows before it are applied and
+    untouched, so a checkpoint taken now holds no NaN. Training stays stopped (later windows
+    are discarded) until the stop is cleared: the next ``fit`` clears it (logged); in a custom
+    loop call ``state.clear_nonfinite()``.
 
     Attributes:
-        micro_step: 0-based index of the offending micro-batch since training started.
-        window_position: 0-based position of that micro-batch inside its window.
-        variable: name of the first trainable variable whose gradient was not finite.
+        window: 0-based index of the bad window since training started.
+        first_micro_step: 0-based index (over the run) of its first micro-batch.
+        micro_batches: how many micro-batches it held.
+        variable: name of the first trainable variable whose window gradient was not finite.
         epoch: 0-based epoch, when the caller knows it (else ``None``).
-        unused_micro_batches: micro-batches seen after the offending one while the state was
-            frozen, so not used (``fit`` checks once per epoch: the rest of that epoch).
+        unused_micro_batches: micro-batches seen after the bad window while training was
+            stopped, so not used (``fit`` checks once per epoch: the rest of that epoch).
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        micro_step: int,
-        window_position: int,
-        variable: str,
-        epoch: int | None = None,
-        unused_micro_batches: int = 0,
-    ) -> None:
+    def __init__(self, message: str, *, window: int, first_micro_step: int, micro_batches: int,
+                 variable: str, epoch: int | None = None, unused_micro_batches: int = 0) -> None:
         super().__init__(message)
-        self.micro_step = micro_step
-        self.window_position = window_position
+        self.window = window
+        self.first_micro_step = first_micro_step
+        self.micro_batches = micro_batches
         self.variable = variable
         self.epoch = epoch
         self.unused_micro_batches = unused_micro_batches

@@ -44,7 +44,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
     """Applies the end-of-epoch policy and reports non-finite gradients, for ``fit``.
 
     The non-finite check reads the state once per epoch (before validation and before the
-    end-of-epoch policy) and at the end of training, never per batch: a frozen state refuses
+    end-of-epoch policy) and at the end of training, never per batch: a stopped state discards
     every later micro-batch, and the error says how many it refused.
 
     ``fit`` (of an ``AccumModel`` or an ``accumulate`` d model) adds it first in the list,
@@ -58,8 +58,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._saw_batch: bool | None = None  # a training batch ran in the current epoch
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        # A NonFiniteGradientError stopped the previous fit: start clean. The window before the
-        # bad micro-batch holds valid gradients and is kept (a log line says so).
+        # A NonFiniteGradientError stopped the previous fit: clear the stop (logged).
         if self.model.accumulation.built:
             self.model.accumulation.clear_nonfinite()
 
@@ -68,7 +67,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._saw_batch = False
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        # No host read here: a state frozen by a non-finite gradient refuses (and counts) every
+        # No host read here: a state stopped by a non-finite window discards every
         # later micro-batch, so the check runs once, when the epoch's training ends.
         self._saw_batch = True
 

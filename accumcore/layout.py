@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from accumcore.nonfinite import NonFiniteGuard
-from accumcore.window import Counters, Window
+from accumcore.nonfinite import Stop
+from accumcore.rule import Counters, Window
 
 
 def accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
@@ -42,7 +42,7 @@ def describe_change(old: list[str], new: list[str]) -> str:
 
 class Scalar(NamedTuple):
     """One scalar variable of the state (int64, or float32 for a float ``initial``; an int64
-    vector for a tuple ``initial``: the guard's record)."""
+    vector for a tuple ``initial``: the stop's record)."""
 
     name: str
     initial: int | float | tuple
@@ -66,11 +66,9 @@ SCALARS = (
     Scalar("samples_seen", 0, summed=True, reported=True, saved=True),
     Scalar("samples_dropped", 0, summed=True, reported=True, saved=True),
     Scalar("window_poisoned", 0, summed=False, reported=False, saved=True),
-    # The non-finite guard (accumcore.nonfinite.NonFiniteGuard): micro-batches refused since
-    # it froze (0: not frozen), and where it froze (a vector: micro-step, window position,
-    # first offending variable; -1 each while not frozen).
-    Scalar("nonfinite_refused", 0, summed=False, reported=False, saved=False),
-    Scalar("nonfinite_record", (-1, -1, -1), summed=False, reported=False, saved=False),
+    # The "raise" policy's stop (accumcore.nonfinite.Stop): the bad window, its first
+    # micro-batch and size, its first non-finite variable; -1 each while not stopped.
+    Scalar("nonfinite_stop", (-1, -1, -1, -1), summed=False, reported=False, saved=False),
 )
 
 
@@ -113,8 +111,7 @@ def new_accumulators(variables: Sequence, placement: Callable[..., dict]) -> lis
 def new_scalars(placement: Callable[..., dict]) -> tuple[dict, dict]:
     """Every scalar of :data:`SCALARS` at its initial value, by name: ``(saved, unsaved)``
     (``placement``: as for :func:`new_accumulators`). The state tracks the saved ones; the
-    unsaved ones (the non-finite guard's) are in no checkpoint: a state is not saved frozen,
-    and files written before the guard changed still match."""
+    unsaved one (the non-finite stop) is in no checkpoint: a state is not saved stopped."""
     made = {
         s.name: tf.Variable(
             tf.constant(s.initial, tf.float32 if isinstance(s.initial, float) else tf.int64),
@@ -125,16 +122,19 @@ def new_scalars(placement: Callable[..., dict]) -> tuple[dict, dict]:
     return saved, {name: v for name, v in made.items() if name not in saved}
 
 
-def pieces(state, unsaved: dict[str, tf.Variable]) -> tuple[Window, Counters, NonFiniteGuard]:
-    """The ``Window``, ``Counters`` and
-    ``NonFiniteGuard`` over a built state's variables (``unsaved``:
+def pieces(state, unsaved: dict[str, tf.Variable]) -> tuple[Window, Counters, Stop]:
+    """The ``Window``, ``Counters`` and ``Stop`` over a built state's variables (``unsaved``:
     the scalars not saved, by name, which the state keeps out of checkpoints)."""
-    parts, s = state.replicas.parts, state
+    s = state
     window = Window(s.accumulators, s.window_weight, s.micro_step, s.window_samples,
-                    s.window_poisoned, parts, state.replicas.distributed)
-    counters = Counters({name: getattr(s, name) for name in Counters.NAMES}, parts)
-    guard = NonFiniteGuard(unsaved["nonfinite_refused"], unsaved["nonfinite_record"], parts)
-    return window, counters, guard
+                    s.window_poisoned, [True] * len(s.accumulators))
+    counters = Counters(*(getattr(s, name) for name in COUNTERS))
+    return window, counters, Stop(unsaved["nonfinite_stop"], state.replicas.parts)
+
+
+#: The run-long counters, in ``rule.Counters`` order.
+COUNTERS = ("windows_applied", "windows_skipped", "micro_batches_seen",
+            "micro_batches_skipped", "samples_seen", "samples_dropped")
 
 
 def same_variables(built: Sequence, variables: Sequence) -> bool:

@@ -194,7 +194,7 @@ class AccumTrainer:
 
     def _train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """:meth:`train_micro_batch` without the non-finite check (``fit`` checks per epoch:
-        a frozen state refuses, and counts, every later micro-batch)."""
+        a stopped state discards every later window)."""
         self.build(x)
         if not compiled:
             return self._run_micro_step(x, y, sample_weight)
@@ -254,7 +254,7 @@ class AccumTrainer:
                 micro-batch, before ``after`` sees it (one host read per micro-batch, as
                 :meth:`train_micro_batch`). ``False`` leaves the check to the caller, with no
                 host read here: :meth:`fit` calls ``state.raise_if_nonfinite(epoch)`` once
-                per epoch (a frozen state refuses, and counts, every later micro-batch).
+                per epoch (a stopped state discards every later window).
             after: optional ``after(step, record)`` called after each micro-batch, with its
                 0-based index in ``batches`` and its record.
 
@@ -304,8 +304,7 @@ class AccumTrainer:
                 2 prints one line per epoch (as ``model.fit``), 0 is silent.
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
-        A :class:`NonFiniteGradientError` of a previous call is cleared at the start (logged):
-        the window before the bad micro-batch is kept and continued.
+        A :class:`NonFiniteGradientError` of a previous call is cleared at the start (logged).
 
         Returns:
             A :class:`LoopHistory`.
@@ -315,7 +314,7 @@ class AccumTrainer:
                                     micro_batch_size=self.micro_batch_size)
         cardinality, steps_per_epoch = inputs.check_epochs(self.model, dataset, steps_per_epoch)
         if self.state.built:
-            self.state.clear_nonfinite()  # logs what is kept, if a previous call raised
+            self.state.clear_nonfinite()  # logged, if a previous call raised
         book = HistoryBook()
         source = inputs.EpochSource(self.model, dataset, cardinality, steps_per_epoch)
         for _ in range(epochs):

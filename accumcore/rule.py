@@ -1,167 +1,244 @@
-"""The window rule, as functions of an :class:`~accumcore.AccumulationState`: one micro-batch in,
-one window closed.
+"""The window rule: a micro-batch in, a window out.
 
-* :func:`accumulate`: a micro-batch's gradient of its summed loss, its weight and its samples
-  into the window, through the non-finite policy (one ``cond``; the rare branch skips or
-  freezes).
-* :func:`close_if_due` and :func:`close`: when the window holds K micro-batches (or any, for a
-  flush), its mean gradient ``sum_i c_i grad(L_i) / sum_i c_i``, the skip decision, one
-  :func:`apply_update` (the library's only ``optimizer.apply``) and :func:`end_window`. Under a
-  ``tf.distribute`` strategy ``accumcore.distribute.StrategyReplicas.close`` is the close.
+* :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
+  window's accumulators and ``c_i`` to its weight ``W``.
+* :func:`close`: when the window holds K micro-batches (or any, for a flush), its mean gradient
+  ``sum_i c_i grad(L_i) / W``, the skip decision, one ``optimizer.apply`` and :func:`end`.
 
-The state's methods of the same names (``state.accumulate``, ``state.step``, ...) call these.
+Every special case (the non-finite policy, a ``LossScaleOptimizer``, the replicas) is resolved
+once, into a :class:`Plan`, before the first step is traced: these functions branch on no flag.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import tensorflow as tf
 
 from accumcore import loss_scaling
-from accumcore.layout import variable_dtype
-from accumcore.nonfinite import LOSS_SCALED
+from accumcore.nonfinite import NonFinitePolicy, element_sum
 
 
-def accumulate(state, grads: Sequence, weight, samples, optimizer=None, *,
-               advance: bool = False) -> tf.Tensor:
-    """:meth:`AccumulationState.accumulate <accumcore.AccumulationState.accumulate>`: add
-    one micro-batch; returns whether it was added (bool scalar)."""
-    window, counters, guard = state.window, state.run_counters, state.guard
-    window.has_gradient = [g is not None for g in grads]
-    weight = tf.cast(weight, tf.float32)
-    samples = tf.cast(samples, tf.int64)
-    scaled = loss_scaling.is_loss_scale_optimizer(optimizer)
-    policy = LOSS_SCALED if scaled else state.nonfinite_policy
-    # Counted as seen inside `add` when refused micro-batches are not seen (a freeze) or
-    # nothing is ever refused (loss scaling); else once, after the decision.
-    inside = policy.freeze or scaled
+@dataclass
+class Window:
+    """The open window's variables: ``accumulators`` (``sum_i c_i grad(L_i)``, float32, or
+    float64 for float64 variables), ``weight`` (``W = sum_i c_i``, float32), ``micro_step`` (the
+    micro-batches in it, int64), ``samples`` (int64) and ``poisoned`` (int64, 1 once a flagged
+    micro-batch condemned it). ``with_gradient``: which accumulators received a gradient when
+    :func:`add` was traced (``False``: the loss does not depend on that variable)."""
 
-    def add() -> None:
-        window.add(grads, weight, samples)
-        if inside:
-            counters.samples_seen.assign_add(samples)
-            if advance:
-                state.advance()
+    accumulators: list
+    weight: tf.Variable
+    micro_step: tf.Variable
+    samples: tf.Variable
+    poisoned: tf.Variable
+    with_gradient: list = field(default_factory=list)
 
-    def skip() -> None:
-        counters.skip(samples)
-        if policy.skip_window:
-            window.poisoned.assign(1)
+    @property
+    def variables(self) -> list:
+        return [*self.accumulators, self.weight, self.micro_step, self.samples, self.poisoned]
 
-    if scaled:  # no micro-batch is checked: the window is, when it closes
-        add()
-        return tf.constant(True)
-    added = guard.admit(policy, grads, weight, add, skip, where=lambda: (
-        window.micro_step.value(), counters.micro_batches_seen.value()))
-    if not inside:
-        counters.samples_seen.assign_add(samples)  # added or skipped: seen either way
-        if advance:  # a skipped micro-batch still takes its place in the window
-            state.advance()
+
+@dataclass
+class Counters:
+    """The run-long counts (int64 variables). Samples that reached an update are
+    ``samples_seen - samples_dropped - window.samples``."""
+
+    windows_applied: tf.Variable
+    windows_skipped: tf.Variable
+    micro_batches_seen: tf.Variable
+    micro_batches_skipped: tf.Variable
+    samples_seen: tf.Variable
+    samples_dropped: tf.Variable
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The rule's special cases, resolved once (:func:`plan`) into callables.
+
+    Attributes:
+        admit: ``admit(grads, weight, accept, flag) -> bool scalar``: runs ``accept()`` (add
+            the micro-batch) or, if a per-micro-batch check flags it, ``flag()``.
+        poison_window: whether ``flag`` condemns the window (else only the micro-batch goes).
+        check: ``check(sums) -> float32 vector``, 1 per window sum found non-finite at the
+            close (empty: the window is not checked there).
+        verdict: ``verdict(bad, window, counters, present, nonfinite) -> bool scalar``,
+            whether a window is skipped (``"raise"``: a bad one also stops the run, and every
+            window after it is skipped until the stop is cleared).
+        update: ``update(optimizer, variables, grads) -> bool scalar``, the window's one
+            optimizer update (whether it was applied).
+        after_update: ``after_update(optimizer, applied)``, run after every closed window.
+        replicas: where each step runs (``accumcore.distribute``).
+    """
+
+    admit: Callable
+    poison_window: bool
+    check: Callable
+    verdict: Callable
+    update: Callable
+    after_update: Callable
+    replicas: object
+
+
+def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight: tf.Tensor,
+        samples: tf.Tensor, distributed: bool) -> tf.Tensor:
+    """Add one micro-batch (``grads`` of its summed loss, its weight ``c_i``, its samples) and
+    count it into the window. Returns whether it was added (bool scalar)."""
+    window.with_gradient = [g is not None for g in grads]
+
+    def accept() -> None:
+        for accumulator, g in zip(window.accumulators, grads, strict=True):
+            add_gradient(accumulator, g, distributed)
+        window.weight.assign_add(weight)
+        window.samples.assign_add(samples)
+
+    def flag() -> None:
+        counters.micro_batches_skipped.assign_add(1)
+        counters.samples_dropped.assign_add(samples)
+        window.poisoned.assign_add(int(plan.poison_window))
+
+    added = plan.admit(grads, weight, accept, flag)
+    window.micro_step.assign_add(1)
+    counters.micro_batches_seen.assign_add(1)
+    counters.samples_seen.assign_add(samples)
     return added
 
 
-def close_if_due(state, optimizer, variables: list, *, force: bool) -> tf.Tensor:
-    """Close the window if it holds K micro-batches (any, with ``force``): bool scalar,
-    whether an optimizer update was applied.
+def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+          normalize: bool, hooks: Sequence) -> tf.Tensor:
+    """Close the window: its status reduced over the replicas (one reduction), the verdict,
+    ``sum / W`` applied once unless the window is skipped, then :func:`end`. Returns whether
+    an optimizer update was applied (bool scalar)."""
+    present = [i for i, has in enumerate(window.with_gradient) if has]
+    weight, poisoned, samples, nonfinite, sums = plan.replicas.reduce_window(
+        window, present, plan.check, optimizer)
+    bad = tf.reduce_any([poisoned > 0, tf.logical_not(tf.math.is_finite(weight)),
+                         tf.reduce_any(nonfinite > 0)])
+    skip = tf.logical_or(plan.verdict(bad, window, counters, present, nonfinite), samples <= 0)
 
-    Under a strategy this runs in cross-replica context, where the replicas' window counters
-    agree (they advance in lockstep): the first one's decides.
-    """
-    replicas = state.replicas
-    due = state.window.due(replicas.first(state.micro_step), state.accum_steps, force=force)
-    if force and not replicas.distributed:
-        # One replica: a frozen state keeps its window (the Python side raises). Under a
-        # strategy the frozen flag is part of the window's status (distribute's close).
-        due = tf.logical_and(due, tf.logical_not(state.frozen))
-    if not replicas.distributed and state.nonfinite_policy.freeze and (
-            not loss_scaling.is_loss_scale_optimizer(optimizer)):
-        # Under a freezing policy a due window is always applied (`close`): the cond needs no
-        # outputs, and whether it applied is whether it was due.
-        tf.cond(due, lambda: _no_output(close(state, optimizer, variables)), _no_output)
-        return due
-    return tf.cond(due, lambda: close(state, optimizer, variables), lambda: tf.constant(False))
+    def apply_mean(*shares) -> tf.Tensor:
+        totals = shares or [window.accumulators[i].value() for i in present]
+        grads = [None] * len(window.accumulators)
+        for i, total in zip(present, totals, strict=True):
+            grads[i] = tf.math.divide_no_nan(total, tf.cast(weight, total.dtype)) \
+                if normalize else total
+        return plan.update(optimizer, variables, grads)
 
-
-def _no_output(*_ignored) -> None:
-    """A ``cond`` branch's result when the ``cond`` has no outputs."""
-    return None  # a body besides the docstring: AutoGraph cannot convert an empty one
-
-
-def close(state, optimizer, variables: list) -> tf.Tensor:
-    """Close a due window: its mean gradient, the skip decision, one update, its end.
-
-    A window is skipped when a micro-batch condemned it (``"skip_window"``) or none of its
-    micro-batches was added; under ``"raise"`` neither can happen (a frozen state is never
-    due), and a ``LossScaleOptimizer`` skips an overflowed window itself. Under a strategy
-    ``accumcore.distribute.StrategyReplicas.close`` is the close, with the window's one
-    status reduction.
-
-    Returns:
-        bool scalar: whether an optimizer update was applied.
-    """
-    if state.replicas.distributed:
-        return state.replicas.close(state, optimizer, variables)
-    window = state.window
-
-    def mean() -> list:
-        return window.mean(window.weight.value(), normalize=state.normalize)
-
-    if state.nonfinite_policy.freeze or loss_scaling.is_loss_scale_optimizer(optimizer):
-        grads = mean()  # applied, unless a LossScaleOptimizer skips the window itself
-        return end_window(state, apply_update(optimizer, variables, grads), like=grads)
-    skip = tf.logical_or(window.poisoned > 0, window.samples <= 0)
     applied = tf.cond(skip, lambda: tf.constant(False),
-                      lambda: apply_update(optimizer, variables, mean()))
-    return end_window(state, applied)
+                      lambda: plan.replicas.on_replicas(apply_mean, sums))
+    plan.after_update(optimizer, applied)
+    return end(window, counters, plan.replicas, applied, hooks)
 
 
-def apply_update(optimizer, variables: list, grads: list, *,
-                 unscale: bool = False) -> tf.Tensor:
-    """The window's optimizer update: the library's one ``apply`` call (under a strategy, in
-    replica context: each replica applies its share, Keras all-reduces them).
-
-    Args:
-        grads: the window's gradient, one entry per variable (``None``: no gradient).
-        unscale: apply the unscaled gradient with the inner optimizer of a
-            ``LossScaleOptimizer`` (under a strategy: ``accumcore.loss_scaling``).
-
-    Returns:
-        bool scalar: whether the update was applied (a LossScaleOptimizer skips an
-        overflowed window itself).
-    """
-    target = optimizer
-    if unscale:
-        target, grads = optimizer.inner_optimizer, loss_scaling.unscale(optimizer, grads)
-    grads = [None if g is None else tf.cast(g, variable_dtype(v))
-             for g, v in zip(grads, variables, strict=True)]
-    target.apply(grads, variables)
-    return loss_scaling.window_applied(target, grads)
-
-
-def end_window(state, applied: tf.Tensor | bool, *, counted: bool = True,
-               like: list | None = None) -> tf.Tensor:
-    """Every window ends here, applied, skipped or dropped: counted, the window hooks run,
-    then emptied (under a strategy: every local copy, from cross-replica context).
-
-    Args:
-        applied: a Python bool or a bool scalar tensor. Known statically, only that outcome
-            is written; otherwise the hooks (which take a Python bool) run in one ``cond``, a
-            branch per outcome.
-        counted: count the window in ``windows_applied`` / ``windows_skipped`` (``False``: a
-            dropped window, counted only in ``samples_dropped``).
-        like: the window's mean gradient, if computed here (one device): what
-            ``reset`` shapes its zeros like.
-
-    Returns:
-        bool scalar: ``applied``.
-    """
+def end(window: Window, counters: Counters, replicas, applied: tf.Tensor | bool,
+        hooks: Sequence, *, counted: bool = True) -> tf.Tensor:
+    """Every window ends here, applied, skipped or dropped (``counted=False``: counted only in
+    ``samples_dropped``): counted, the window hooks run (``hook(applied: bool)``), emptied (every
+    local copy under a strategy). Returns ``applied`` as a bool scalar."""
     known = tf.get_static_value(applied)
-    if known is None and state.window_hooks:
-        return tf.cond(applied, lambda: end_window(state, True, counted=counted, like=like),
-                       lambda: end_window(state, False, counted=counted, like=like))
-    state.run_counters.end_window(applied, state.window.samples, counted=counted)
-    for hook in state.window_hooks:
+    if known is None and hooks:
+        return tf.cond(applied, lambda: end(window, counters, replicas, True, hooks,
+                                            counted=counted),
+                       lambda: end(window, counters, replicas, False, hooks, counted=counted))
+    applied_n = tf.cast(applied, tf.int64)
+    writes = [(counters.samples_dropped, (1 - applied_n) * window.samples.value())]
+    if counted:
+        writes += [(counters.windows_applied, applied_n),
+                   (counters.windows_skipped, 1 - applied_n)]
+    for counter, n in writes:
+        for part in replicas.parts(counter):
+            part.assign_add(n)
+    for hook in hooks:
         hook(bool(known))
-    state.window.reset(like)
-    return applied if tf.is_tensor(applied) else tf.constant(applied)
+    for variable in window.variables:
+        for part in replicas.parts(variable):
+            part.assign(tf.zeros(part.shape, part.dtype))
+    return tf.convert_to_tensor(applied)
+
+
+def add_gradient(accumulator: tf.Variable, g, distributed: bool) -> None:
+    """``accumulator += g`` (dense, ``IndexedSlices`` rows, or ``None``: nothing)."""
+    if g is None:
+        return
+    if not isinstance(g, tf.IndexedSlices):
+        accumulator.assign_add(tf.cast(g, accumulator.dtype))
+        return
+    values = tf.cast(g.values, accumulator.dtype)
+    if distributed:  # a replica-local (ON_READ) variable has no scatter_add
+        accumulator.assign_add(tf.math.unsorted_segment_sum(
+            values, g.indices, num_segments=accumulator.shape[0]))
+    else:
+        accumulator.scatter_add(tf.IndexedSlices(values, g.indices, g.dense_shape))
+
+
+def apply_update(optimizer, variables: list, grads: list) -> tf.Tensor:
+    """The library's one ``optimizer.apply``, in the variables' dtypes; bool scalar, whether it
+    updated (a ``LossScaleOptimizer`` skips an overflowed window itself)."""
+    grads = [None if g is None else tf.cast(g, tf.as_dtype(v.dtype))
+             for g, v in zip(grads, variables, strict=True)]
+    optimizer.apply(grads, variables)
+    return loss_scaling.window_applied(optimizer, grads)
+
+
+def _apply_unscaled(optimizer, variables: list, grads: list) -> tf.Tensor:
+    return apply_update(optimizer.inner_optimizer, variables,
+                        loss_scaling.unscale(optimizer, grads))
+
+
+def _nothing(*_ignored) -> None:
+    return None
+
+
+def _admit_all(grads, weight, accept: Callable, flag: Callable) -> tf.Tensor:
+    accept()
+    return tf.constant(True)
+
+
+def _admit_unless(should_skip: Callable) -> Callable:
+    def admit(grads, weight, accept: Callable, flag: Callable) -> tf.Tensor:
+        added = tf.logical_not(should_skip(grads, weight))
+        tf.cond(added, accept, flag)
+        return added
+    return admit
+
+
+def _no_check(sums: Sequence) -> tf.Tensor:
+    return tf.zeros((0,), tf.float32)
+
+
+def _skip_bad(bad: tf.Tensor, *_where) -> tf.Tensor:
+    return bad
+
+
+def plan(policy: NonFinitePolicy, optimizer, replicas, stop) -> Plan:
+    """The :class:`Plan` for a non-finite ``policy``, an ``optimizer`` and the ``replicas``;
+    ``stop``: the ``"raise"`` policy's record (``accumcore.nonfinite.Stop``).
+
+    A ``LossScaleOptimizer`` expects overflow: no micro-batch is checked, and the window is
+    checked by the optimizer's own ``apply`` (one replica) or, under a strategy, in the close's
+    one reduction, with ``LossScaleOptimizer``'s scale rule mirrored
+    (``accumcore.loss_scaling``). Otherwise ``"raise"`` and ``"skip_window"`` check the window
+    at its close and ``"skip_micro_batch"`` (or a policy's own ``should_skip``) each micro-batch.
+    """
+    if loss_scaling.is_loss_scale_optimizer(optimizer):
+        if not replicas.distributed:
+            return Plan(_admit_all, False, _no_check, _skip_bad, apply_update, _nothing,
+                        replicas)
+        return Plan(_admit_all, False, finite_flags, _skip_bad, _apply_unscaled,
+                    loss_scaling.update_scale, replicas)
+    admit = _admit_all if policy.should_skip is None else _admit_unless(policy.should_skip)
+    return Plan(admit, policy.skip_window or policy.freeze,
+                finite_flags if policy.should_skip is None else _no_check,
+                stop.verdict if policy.freeze else _skip_bad, apply_update, _nothing, replicas)
+
+
+def finite_flags(sums: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float32 vector, 1 where a sum's elements are not all finite (``element_sum``: a NaN,
+    an Inf, or elements summing beyond the float range), else 0."""
+    if not sums:
+        return tf.zeros((0,), tf.float32)
+    totals = [element_sum(s) for s in sums]
+    if len({t.dtype for t in totals}) > 1:
+        totals = [tf.cast(t, tf.float64) for t in totals]
+    return tf.cast(tf.logical_not(tf.math.is_finite(tf.stack(totals))), tf.float32)

@@ -1,34 +1,16 @@
 """The accumulation state: one small trackable object that every entry point shares.
 
-The update rule (the only rule that makes accumulation exact):
+Every micro-batch ``i`` contributes the gradient of its **summed** loss ``c_i * grad(L_i)``
+(``L_i`` its mean loss, ``c_i`` what that loss divided by: samples, sum of sample weights or
+valid elements); when the window closes the sum is divided **once** by ``sum_i c_i`` and the
+optimizer's ``apply`` runs once. So the optimizer sees the gradient of the mean loss over the
+whole window, the large-batch gradient, and iterations, learning-rate schedules, Adam's bias
+correction, clipping, weight decay and EMA all advance once per window.
 
-* every micro-batch ``i`` contributes the gradient of its **summed** loss, ``c_i * grad(L_i)``,
-  where ``L_i`` is the micro-batch's mean loss and ``c_i`` its weight (what the loss divided
-  by: samples, sum of sample weights or valid elements);
-* when the window closes, the sum is divided **once** by ``sum_i c_i`` and the optimizer's
-  ``apply`` is called exactly once.
-
-So the optimizer sees ``sum_i c_i grad(L_i) / sum_i c_i``, which is the gradient of the mean
-loss over the whole window: the large-batch gradient. Iterations, learning-rate schedules,
-Adam's bias correction, clipping, weight decay and EMA all advance once per window.
-
-Like optax's ``MultiSteps``, all mutable accumulation state lives in one object. Its pieces:
-
-* ``Window``: the accumulators, the weight and the count (add, due,
-  mean, reset);
-* ``NonFiniteGuard`` and the policy: what a bad micro-batch does;
-* ``Counters``: the run-long counts;
-* :class:`~accumcore.AccumulationState`: holds them and their variables (made by
-  ``accumcore.layout``, under the names checkpoints know), and runs one micro-step
-  (:meth:`~accumcore.AccumulationState.step`) with the rule's functions in
-  ``accumcore.rule``: ``accumulate``, ``close_if_due``, ``close`` (the one-device close,
-  on one screen) and ``apply_update``, the library's only ``optimizer.apply``.
-
-Under a ``tf.distribute`` strategy, ``accumcore.distribute`` supplies where each step runs
-and its own close (one status reduction per window); loss scaling is the
-``LossScaleOptimizer``'s own (``accumcore.loss_scaling``). What an entry point does around
-the state (building it for a model, following the trainable set, the end-of-epoch policy) is
-``accumcore.entry``'s.
+Like optax's ``MultiSteps``, all mutable accumulation state lives in this one object; the rule
+itself is ``accumcore.rule`` (add, close, end), its special cases resolved once per trace into a
+``rule.Plan``. The variables are made by ``accumcore.layout`` under the names checkpoints know;
+``accumcore.distribute`` says where each step runs under a ``tf.distribute`` strategy.
 """
 
 from __future__ import annotations
@@ -40,8 +22,7 @@ import tensorflow as tf
 from accumcore import distribute, layout, rule
 from accumcore.config import check_accum_steps
 from accumcore.layout import variable_name
-from accumcore.nonfinite import NonFiniteGuard, NonFinitePolicy, nonfinite_policy
-from accumcore.window import Counters, Window
+from accumcore.nonfinite import NonFinitePolicy, nonfinite_policy
 
 #: The error for a summed loss under a strategy (``accumcore.entry`` raises it too).
 SUM_UNDER_STRATEGY = (
@@ -66,18 +47,17 @@ class AccumulationState(tf.Module):
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
         nonfinite: what a non-finite gradient does (``accumcore.nonfinite``: what counts):
-            ``"raise"`` (default: freeze the state before that micro-batch and raise
-            :class:`~accumcore.NonFiniteGradientError` from the Python side),
-            ``"skip_micro_batch"`` (drop only that micro-batch's gradient and weight),
-            ``"skip_window"`` (drop the whole window, apply nothing), or a
-            :class:`~accumcore.NonFinitePolicy`.
+            ``"raise"`` (default: a window whose sum is not finite is discarded whole and
+            :class:`~accumcore.NonFiniteGradientError` is raised from the Python side; checked
+            once per window), ``"skip_window"`` (discard such a window and go on; checked once
+            per window), ``"skip_micro_batch"`` (leave out only the bad micro-batches: every
+            micro-batch is checked), or a :class:`~accumcore.NonFinitePolicy`.
 
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    ``accumcore.layout.SCALARS``: the ``Window``'s and the
-    ``Counters`` (the ``guard``'s are in no checkpoint).
-    :attr:`window_variables` and :meth:`variables_for_saving` list them.
+    ``accumcore.layout.SCALARS``: the window's and the run's counters (the ``"raise"``
+    policy's stop is in no checkpoint). :meth:`variables_for_saving` lists them.
     """
 
     def __init__(self, accum_steps: int, *, nonfinite: str | NonFinitePolicy = "raise",
@@ -87,7 +67,7 @@ class AccumulationState(tf.Module):
         self.nonfinite = nonfinite
         self.accumulators: list[tf.Variable] = []
         self._variables = _Untracked(())
-        self._pieces = _Untracked(None)  # (Window, Counters, NonFiniteGuard) once built
+        self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
         #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
         #: default, for mean losses); ``False`` applies it as it is, for losses that are
         #: already sums (``reduction="sum"``). Set from the loss by ``accumcore.entry``.
@@ -113,20 +93,10 @@ class AccumulationState(tf.Module):
     def built(self) -> bool:
         return self._pieces.value is not None
 
-    @property
-    def window(self) -> Window:
+    def _pieces_checked(self) -> tuple:
+        """``(Window, Counters, Stop)`` of a built state."""
         self._check_built()
-        return self._pieces.value[0]
-
-    @property
-    def run_counters(self) -> Counters:
-        self._check_built()
-        return self._pieces.value[1]
-
-    @property
-    def guard(self) -> NonFiniteGuard:
-        self._check_built()
-        return self._pieces.value[2]
+        return self._pieces.value
 
     def build(self, variables: Sequence) -> bool:
         """Create the accumulators for ``variables`` (the model's trainable variables).
@@ -197,22 +167,11 @@ class AccumulationState(tf.Module):
         """The ``tf.distribute`` strategy the state was built under, or ``None`` (no strategy)."""
         return self.replicas.strategy
 
-    @property
-    def frozen(self) -> tf.Tensor:
-        """True once a non-finite gradient was seen under ``nonfinite="raise"``."""
-        return self.guard.frozen
-
-    @property
-    def window_variables(self) -> list[tf.Variable]:
-        """The current window's variables (emptied whenever it ends); the accumulators,
-        ``window_weight``, ``micro_step``, ``window_samples`` and ``window_poisoned``."""
-        return self.window.variables
-
     def variables_for_saving(self) -> list[tf.Variable]:
         """What a saved model holds to resume mid-window, in a fixed order: the accumulators,
         then ``window_weight``, ``micro_step``, ``window_samples``, the six run counters and
-        ``window_poisoned`` (the order of the entries of ``.keras`` files). The guard's flags
-        are not saved: a frozen state is not saved frozen."""
+        ``window_poisoned`` (the order of the entries of ``.keras`` files). The ``"raise"``
+        policy's stop is not saved: a stopped state is not saved stopped."""
         self._check_built()
         return [*self.accumulators, *(getattr(self, s.name) for s in layout.SCALARS if s.saved)]
 
@@ -226,40 +185,33 @@ class AccumulationState(tf.Module):
             for s in layout.SCALARS if s.reported
         }
 
-    # ------------------------------------------------------------------ one micro-step
-    def accumulate(self, grads: Sequence, weight, samples, optimizer=None, *,
-                   advance: bool = False) -> tf.Tensor:
-        """Add one micro-batch: ``grads`` are gradients of its **summed** loss ``c_i * L_i``.
+    # ------------------------------------------------------------------ the rule's steps
+    def accumulate(self, grads: Sequence, weight, samples, optimizer=None) -> tf.Tensor:
+        """Add one micro-batch and count it into the window; close nothing.
 
         Args:
-            grads: one gradient per trainable variable (dense tensor, ``tf.IndexedSlices`` or
-                ``None`` for variables the loss does not depend on).
+            grads: gradients of the micro-batch's **summed** loss ``c_i * L_i``, one per
+                trainable variable (dense tensor, ``tf.IndexedSlices`` or ``None`` for
+                variables the loss does not depend on).
             weight: ``c_i``, float scalar (samples, sum of sample weights or item count).
             samples: number of samples in the micro-batch (int scalar), for the counters.
-            optimizer: the optimizer the window will be applied with (optional). With a
-                ``keras.optimizers.LossScaleOptimizer`` no micro-batch is checked: the window
-                is checked once, when it closes (skipped whole, loss scale lowered).
-            advance: also count the micro-batch into the window (:meth:`advance`), unless a
-                frozen state refuses it (``nonfinite="raise"``). :meth:`step` uses this.
+            optimizer: the optimizer the window will be applied with (a
+                ``LossScaleOptimizer`` checks the window itself: no micro-batch is checked).
 
         Returns:
-            A bool scalar: whether the micro-batch was added (False if it was skipped or the
-            state is frozen by a non-finite gradient).
+            bool scalar: whether the micro-batch was added (``False``: a per-micro-batch
+            check left it out).
         """
-        self._check_built()
+        window, counters, _ = self._pieces_checked()
         layout.check_gradients(grads, self.accumulators)
-        return rule.accumulate(self, grads, weight, samples, optimizer, advance=advance)
-
-    def advance(self) -> None:
-        """Count one micro-batch into the window (``micro_step``, ``micro_batches_seen``)."""
-        # One constant for both counts (AutoGraph cannot convert `:=`).
-        self.micro_batches_seen.assign_add(self.window.advance(tf.constant(1, tf.int64)))
+        return rule.add(window, counters, self._plan(optimizer), grads,
+                        tf.cast(weight, tf.float32), tf.cast(samples, tf.int64),
+                        self.replicas.distributed)
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
-        """Accumulate one micro-batch and close the window when it holds K micro-batches.
-
-        The whole per-micro-batch rule of the eager loop, the compiled loop and
-        ``AccumModel.train_step``. Graph-safe; under a strategy it runs in replica context.
+        """:meth:`accumulate` one micro-batch, then close the window if it holds K: the whole
+        per-micro-batch rule of every entry point. Graph-safe; under a strategy it runs in
+        replica context.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
@@ -267,26 +219,14 @@ class AccumulationState(tf.Module):
         self._check_built()
         layout.check_variables(self._variables.value, variables)
         self.replicas.require_replica_context()
-        variables = list(variables)
-        if self.replicas.distributed:
-            # Every replica advances in lockstep (a frozen one too); whether the window is
-            # full is decided in cross-replica context.
-            self.accumulate(grads, weight, samples, optimizer)
-            self.advance()
-        else:  # a frozen state does not advance, so its window never becomes due
-            self.accumulate(grads, weight, samples, optimizer, advance=True)
-        return self.replicas.decide(
-            lambda: rule.close_if_due(self, optimizer, variables, force=False))
+        self.accumulate(grads, weight, samples, optimizer)
+        return self.replicas.decide(lambda: self._close_if_due(optimizer, force=False))
 
-    # ------------------------------------------------------------------ closing a window
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
-        """Close the current window now: one ``optimizer.apply`` with its mean gradient.
-
-        A window poisoned by a non-finite gradient (``nonfinite="skip_window"``) or whose
-        loss-scaled gradient is not finite (``LossScaleOptimizer``: the scale is lowered) is
-        discarded and counted in ``windows_skipped``. An empty window does nothing, and so
-        does a frozen state. Graph-safe; under a strategy, callable in replica or
-        cross-replica context.
+        """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
+        mean gradient, unless it is empty, bad (``"skip_window"``, ``"raise"``; a
+        ``LossScaleOptimizer`` lowers its scale) or training is stopped. Graph-safe; under a
+        strategy, callable in replica or cross-replica context.
 
         Args:
             optimizer: the Keras optimizer (``apply`` is called once).
@@ -301,61 +241,57 @@ class AccumulationState(tf.Module):
         if variables is not None and not self.replicas.distributed and not optimizer.built:
             with tf.init_scope():
                 optimizer.build(list(variables))
-        variables = list(self._variables.value)
         if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
-        key = (id(optimizer), *map(id, variables))
-        return self.replicas.decide(
-            lambda: rule.close_if_due(self, optimizer, variables, force=True), key)
+        key = (id(optimizer), *map(id, self._variables.value))
+        return self.replicas.decide(lambda: self._close_if_due(optimizer, force=True), key)
 
     def drop_window(self) -> None:
-        """Discard the current partial window (end-of-epoch policy ``"drop"``), counting it."""
-        self._check_built()
-        self.end_window(False, counted=False)
+        """Discard the current window unapplied (counted in ``samples_dropped`` only)."""
+        window, counters, _ = self._pieces_checked()
+        rule.end(window, counters, self.replicas, False, self.window_hooks, counted=False)
 
-    def reset(self) -> None:
-        """Empty the current window (:attr:`window_variables`); counters are kept."""
-        self.window.reset()
+    def _plan(self, optimizer) -> rule.Plan:
+        return rule.plan(self.nonfinite_policy, optimizer, self.replicas,
+                         self._pieces_checked()[2])
 
-    def apply_update(self, optimizer, variables: list, grads: list, *,
-                     unscale: bool = False) -> tf.Tensor:
-        """The window's optimizer update, the library's one ``apply`` call
-        (``accumcore.rule.apply_update``); bool scalar: whether it was applied."""
-        return rule.apply_update(optimizer, variables, grads, unscale=unscale)
+    def _close_if_due(self, optimizer, *, force: bool) -> tf.Tensor:
+        """Close the window if it holds K micro-batches (any, with ``force``); under a
+        strategy in cross-replica context, where the replicas' counts agree (lockstep)."""
+        window, counters, _ = self._pieces_checked()
+        count = self.replicas.first(window.micro_step)
+        due = count > 0 if force else count >= self.accum_steps
+        variables = list(self._variables.value)
+        return tf.cond(due, lambda: rule.close(
+            window, counters, self._plan(optimizer), optimizer, variables, self.normalize,
+            self.window_hooks), lambda: tf.constant(False))
 
-    def end_window(self, applied: tf.Tensor | bool, *, counted: bool = True) -> tf.Tensor:
-        """End the window, ``applied`` (a bool or bool scalar) or not: counted, the window
-        hooks run, then emptied (``accumcore.rule.end_window``). Returns ``applied``."""
-        return rule.end_window(self, applied, counted=counted)
-
-    # ------------------------------------------------------------------ non-finite report
+    # ------------------------------------------------------------------ the "raise" stop
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
-        """Raise :class:`~accumcore.NonFiniteGradientError` if a non-finite gradient froze
-        the state.
-
-        Call from Python, after a step or after many: a frozen state refuses (and counts)
-        every later micro-batch, so ``fit`` checks once per epoch; ``train_on_batch``,
-        ``train_micro_batch`` and ``window_step`` after each call.
-        """
+        """Raise :class:`~accumcore.NonFiniteGradientError` if a bad window stopped training
+        (``nonfinite="raise"``). Call from Python, after a step or after many: a stopped state
+        discards every later window, so ``fit`` checks once per epoch, ``train_on_batch`` and
+        ``train_micro_batch`` after each call."""
         if not self.built or not self.nonfinite_policy.freeze:
             return
         names = [variable_name(v) for v in self._variables.value]
-        error = self.guard.error(names, self.accum_steps, epoch)
+        with tf.init_scope():
+            seen = int(self.micro_batches_seen.numpy())
+        error = self._pieces_checked()[2].error(names, seen, epoch)
         if error is not None:
             raise error
 
     def clear_nonfinite(self) -> bool:
-        """Unfreeze the state after a :class:`~accumcore.NonFiniteGradientError`.
-
-        The window before the bad micro-batch is kept (nothing is dropped silently) and
-        training continues it; ``flush()`` applies it now, :meth:`drop_window` discards it.
-        Returns whether the state was frozen (a log line says what was kept).
-        """
-        self._check_built()
+        """Clear the stop after a :class:`~accumcore.NonFiniteGradientError` so training can
+        go on. The micro-batches seen while stopped (a partial window) are discarded, counted
+        in ``samples_dropped``. Returns whether training was stopped."""
+        if not self.built:
+            return False
         with tf.init_scope():
-            pending = self.pending_micro_batches()
-            samples = int(self.window_samples.numpy())  # under a strategy: the replicas' sum
-        return self.guard.clear(pending, samples)
+            stopped = self._pieces_checked()[2].clear()
+            if stopped and self.pending_micro_batches():
+                self.drop_window()
+        return stopped
 
     def get_config(self) -> dict:
         return {"accum_steps": self.accum_steps, "nonfinite": self.nonfinite}

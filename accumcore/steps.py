@@ -123,8 +123,7 @@ def split_window(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any,
         out = summed_loss_gradients(
             trainer.model, loss, xi, yi, wi, normalizer=normalizer, optimizer=trainer.optimizer,
         )
-        trainer.state.accumulate(out.grads, out.weight, out.samples, trainer.optimizer,
-                                 advance=True)
+        trainer.state.accumulate(out.grads, out.weight, out.samples, trainer.optimizer)
         total_loss += out.weighted_loss
         total_weight += out.weight
     trainer.state.apply_window(trainer.optimizer)

@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
+from accumcore import rule
 from accumcore.lab.benchmarking import (
     _MEMORY_TAG,
     _PROBE_TAG,
@@ -51,7 +52,6 @@ from accumcore.lab.benchmarking import (
 )
 from accumcore.loops import AccumTrainer
 from accumcore.model import AccumModel
-from accumcore.nonfinite import NonFiniteGuard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from minimal import MinimalAccumulator  # noqa: E402
@@ -551,15 +551,20 @@ BREAKDOWN_REFERENCES = ("adam_each", "fit_keras_ga", "fit_unchecked", "fit_accum
 
 @contextlib.contextmanager
 def without_nonfinite_check() -> Iterator[None]:
-    """Trace accumcore with the non-finite guard's decision replaced by the bare add (what a
-    ``LossScaleOptimizer``'s micro-step runs): what the check costs, measured. A diagnostic
-    only: never train like this."""
-    admit = NonFiniteGuard.admit
-    NonFiniteGuard.admit = lambda self, policy, grads, weight, add, skip, where: add()
+    """Trace accumcore with the window's non-finite check removed (``rule.finite_flags``
+    returns no flags: what a ``LossScaleOptimizer``'s close runs on one device): what the check
+    costs, measured. A diagnostic only: never train like this."""
+    check = rule.finite_flags
+    rule.finite_flags = unchecked
     try:
         yield
     finally:
-        NonFiniteGuard.admit = admit
+        rule.finite_flags = check
+
+
+def unchecked(sums) -> tf.Tensor:
+    """No non-finite flags: the window is never found bad."""
+    return tf.zeros((0,), tf.float32)
 
 
 def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,

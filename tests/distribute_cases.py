@@ -191,8 +191,9 @@ def nonfinite_shard() -> dict:
         train_trainer(strategy, adam, x, y, micro, k, "function")
         out["raise"] = {"raised": False}
     except ac.NonFiniteGradientError as err:
-        out["raise"] = {"raised": True, "micro_step": err.micro_step,
-                        "window_position": err.window_position}
+        out["raise"] = {"raised": True, "window": err.window,
+                        "first_micro_step": err.first_micro_step,
+                        "micro_batches": err.micro_batches}
     return out
 
 

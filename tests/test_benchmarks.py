@@ -27,6 +27,7 @@ from helpers import (
 
 import accumcore as ac
 import accumcore.lab.experiments  # noqa: F401
+from accumcore import rule
 from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -453,14 +454,14 @@ def test_report_shows_the_paired_nonfinite_cost_when_measured(tmp_path):
 def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
     import nonfinite_cost  # benchmarks/ is on sys.path (see `suite` above)
 
-    admit = ac.nonfinite.NonFiniteGuard.admit
+    check = rule.finite_flags
     ratios = nonfinite_cost.measure(spe=1, rounds=1, samples=128)
     assert set(ratios) == set(nonfinite_cost.KINDS)
     assert ratios["keras_ga"]["best"] == pytest.approx(1.0)
     assert all(r["best"] > 0 and r["samples_per_s"] > 0 for r in ratios.values())
     assert ratios["keras_ga"]["paired"]["median"] == pytest.approx(1.0)
     assert all(r["paired"]["rounds"] == 1 and len(r["seconds"]) == 1 for r in ratios.values())
-    assert ac.nonfinite.NonFiniteGuard.admit is admit  # the shipped check is back
+    assert rule.finite_flags is check  # the shipped check is back
 
 
 def test_check_cost_pairs_each_path_with_its_unchecked_twin():
@@ -479,11 +480,11 @@ def test_check_cost_pairs_each_path_with_its_unchecked_twin():
 
 
 def test_without_nonfinite_check_restores_the_check_after_an_error():
-    admit = ac.nonfinite.NonFiniteGuard.admit
+    check = rule.finite_flags
     with pytest.raises(RuntimeError), suite.without_nonfinite_check():
-        assert ac.nonfinite.NonFiniteGuard.admit is not admit
+        assert rule.finite_flags is not check
         raise RuntimeError
-    assert ac.nonfinite.NonFiniteGuard.admit is admit
+    assert rule.finite_flags is check
 
 
 def test_code_size_measures_spans_and_code_lines(tmp_path):

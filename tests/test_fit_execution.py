@@ -120,8 +120,8 @@ def test_jit_compile_is_exact_on_cpu(arrays, steps_per_execution, weighted):
 def test_nonfinite_raise_names_the_micro_step_under_execution_and_xla(
         arrays, steps_per_execution, jit_compile):
     """A NaN in micro-batch 5 (window 1, position 2): the error, raised at the epoch's end,
-    names micro-step 5 and the 4 micro-batches after it that were refused, whatever the
-    execution grouping; the weights are those of window 0 alone (window 1 not applied)."""
+    names window 1 (micro-batches 3 to 5) and the 4 micro-batches after it that were discarded,
+    whatever the execution grouping; the weights are those of window 0 alone."""
     x, y, _ = arrays
     bad = x.copy()
     bad[5 * MICRO + 1, 3] = np.nan
@@ -131,11 +131,11 @@ def test_nonfinite_raise_names_the_micro_step_under_execution_and_xla(
     with pytest.raises(ac.NonFiniteGradientError) as info:
         model.fit(bad, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
     err = info.value
-    assert (err.epoch, err.micro_step, err.window_position) == (0, 5, 2)
+    assert (err.epoch, err.window, err.first_micro_step, err.micro_batches) == (0, 1, 3, 3)
     assert err.unused_micro_batches == 4
     initial, ref = reference_weights(make_opt, x, y, None, windows=[np.arange(0, 3 * MICRO)])
     assert_matches_reference(model, initial, ref)
-    assert model.accumulation.pending_micro_batches() == 2
+    assert model.accumulation.counters()["windows_applied"] == 1
 
 
 # ---------------------------------------------------------------------------- structure

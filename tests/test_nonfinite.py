@@ -110,7 +110,8 @@ def test_skip_window_discards_exactly_the_poisoned_window(entry, kind, clean):
     assert rel <= REL_TOL, f"rel error {rel:.3g} vs the reference of window 1 alone"
     c = state.counters()
     assert c["windows_skipped"] == 1 and c["windows_applied"] == 1
-    assert c["micro_batches_skipped"] == 1
+    # Checked once per window, at its close: no micro-batch is singled out.
+    assert c["micro_batches_skipped"] == 0
     assert int(opt.iterations.numpy()) == 1
     assert c["samples_seen"] == N and c["samples_dropped"] == 12  # the whole window 0
     if entry == "fit":
@@ -119,13 +120,14 @@ def test_skip_window_discards_exactly_the_poisoned_window(entry, kind, clean):
 
 # ---------------------------------------------------------------------------- raise (default)
 @pytest.mark.parametrize("entry", ["eager", "function", "graph", "fit"])
-def test_raise_is_the_default_and_names_epoch_micro_step_and_variable(entry, clean):
-    """One clean epoch, then an epoch whose micro-batch 1 is poisoned: micro-step 6 + 1 = 7
-    of the run, epoch 1, position 1 in its window.
+def test_raise_is_the_default_discards_the_bad_window_and_names_it(entry, clean):
+    """One clean epoch (windows 0 and 1), then an epoch whose micro-batch 1 is poisoned: window
+    2 of the run (its micro-batches 6 to 8) is discarded whole and named, with epoch 1 and the
+    first non-finite variable; window 3, seen while stopped, is discarded too.
 
-    Catches: NaNs silently applied by default, an error without the epoch / micro-step /
-    variable, a state that already contains the bad micro-batch (a checkpoint taken after the
-    error would be poisoned), the wrong first variable."""
+    Catches: NaNs silently applied by default, an error without the epoch / window /
+    variable, the bad window partly applied (the weights must be exactly those after the
+    clean epoch: earlier windows untouched, nothing after them applied), the wrong counts."""
     x, y = clean
     bad = poisoned(x, "nan")
     if entry == "fit":
@@ -133,6 +135,7 @@ def test_raise_is_the_default_and_names_epoch_micro_step_and_variable(entry, cle
         model.compile(make_opt(), LOSS)
         model.fit(x, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
         state = model.accumulation
+        after_clean = get_weights(model)
         with pytest.raises(ac.NonFiniteGradientError) as info:
             model.fit(bad, y, batch_size=MICRO, initial_epoch=1, epochs=2, shuffle=False,
                       verbose=0)
@@ -142,40 +145,48 @@ def test_raise_is_the_default_and_names_epoch_micro_step_and_variable(entry, cle
         ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO)
         trainer.fit(ds, epochs=1, mode=entry, verbose=0)
         state = trainer.state
+        after_clean = get_weights(model)
         bad_ds = tf.data.Dataset.from_tensor_slices((bad, y)).batch(MICRO)
         with pytest.raises(ac.NonFiniteGradientError) as info:
             trainer.fit(bad_ds, epochs=1, mode=entry, verbose=0)
     err = info.value
     first_variable = model.trainable_variables[0].path
     message = str(err)
-    assert "epoch 1" in message and "micro-step 7" in message and first_variable in message
-    assert (err.epoch, err.micro_step, err.window_position, err.variable) == (
-        1, 7, 1, first_variable)
-    # The state holds exactly the window before the bad micro-batch: one micro-batch of 4.
-    assert int(state.micro_step.numpy()) == 1
-    assert float(state.window_weight.numpy()) == MICRO
-    assert state.counters()["windows_applied"] == 2
-    assert all(np.all(np.isfinite(w)) for w in model.get_weights())
+    assert "epoch 1" in message and "window 2" in message and first_variable in message
+    assert "micro-batches 6 to 8" in message and "discarded whole" in message
+    assert (err.epoch, err.window, err.first_micro_step, err.micro_batches, err.variable) == (
+        1, 2, 2 * K, K, first_variable)
+    assert err.unused_micro_batches == K
+    for now, before in zip(get_weights(model), after_clean, strict=True):
+        np.testing.assert_array_equal(now, before)
+    c = state.counters()
+    assert (c["windows_applied"], c["windows_skipped"], c["micro_step"]) == (2, 2, 0)
+    assert c["samples_dropped"] == N and c["window_weight"] == 0.0
+    assert all(np.all(np.isfinite(a.numpy())) for a in state.accumulators)
 
 
-def test_raise_keeps_the_pending_window_exactly(clean):
-    """After the error, the accumulators equal 4 x grad(mean loss) of micro-batch 0 alone,
-    computed independently with a GradientTape on a copy of the model.
-
-    Catches: the bad micro-batch partly added (e.g. to variables before the NaN one)."""
+def test_raise_applies_nothing_of_a_bad_first_epoch(clean):
+    """The eager loop on a poisoned first epoch: nothing is applied (the weights are the initial
+    ones, bit for bit), the accumulators are empty, and both windows are counted skipped."""
     x, y = clean
     model = small_mlp()
-    reference_model = small_mlp()  # same seed: same weights
+    initial = get_weights(model)
     trainer = ac.AccumTrainer(model, keras.optimizers.SGD(0.1), LOSS, accum_steps=K)
     ds = tf.data.Dataset.from_tensor_slices((poisoned(x, "inf"), y)).batch(MICRO)
-    with pytest.raises(ac.NonFiniteGradientError):
+    with pytest.raises(ac.NonFiniteGradientError) as info:
         trainer.fit(ds, epochs=1, mode="eager", verbose=0)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    with tf.GradientTape() as tape:
-        loss = loss_fn(y[:MICRO], reference_model(x[:MICRO], training=True))
-    expected = tape.gradient(loss, reference_model.trainable_variables)
-    for acc, g in zip(trainer.state.accumulators, expected, strict=True):
-        np.testing.assert_allclose(acc.numpy(), MICRO * g.numpy(), rtol=1e-5, atol=1e-7)
+    assert info.value.window == 0 and info.value.unused_micro_batches == K
+    for now, before in zip(get_weights(model), initial, strict=True):
+        np.testing.assert_array_equal(now, before)
+    assert all(not np.any(a.numpy()) for a in trainer.state.accumulators)
+    c = trainer.state.counters()
+    assert (c["windows_applied"], c["windows_skipped"], c["samples_dropped"]) == (0, 2, N)
+
+
+def _close_one_window(state, opt, variables, grads, weight=4.0) -> None:
+    """Two micro-batches (K = 2): ``grads`` and a clean one; the window closes."""
+    state.step(grads, weight, 4, opt, variables)
+    state.step([tf.zeros_like(v) for v in variables], 4.0, 4, opt, variables)
 
 
 def test_first_offending_variable_is_the_first_non_finite_one():
@@ -185,7 +196,7 @@ def test_first_offending_variable_is_the_first_non_finite_one():
     variables = model.trainable_variables
     grads = [tf.zeros_like(v) for v in variables]
     grads[2] = tf.fill(variables[2].shape, np.inf)
-    state.step(grads, 4.0, 4, opt, variables)
+    _close_one_window(state, opt, variables, grads)
     with pytest.raises(ac.NonFiniteGradientError) as info:
         state.raise_if_nonfinite(epoch=3)
     assert info.value.variable == variables[2].path
@@ -194,7 +205,8 @@ def test_first_offending_variable_is_the_first_non_finite_one():
 
     state2 = ac.AccumulationState(2)
     state2.build(variables)
-    state2.step([tf.zeros_like(v) for v in variables], float("nan"), 4, opt, variables)
+    _close_one_window(state2, opt, variables, [tf.zeros_like(v) for v in variables],
+                      weight=float("nan"))
     with pytest.raises(ac.NonFiniteGradientError, match="weight"):
         state2.raise_if_nonfinite()
 
@@ -211,7 +223,7 @@ def test_a_gradient_summing_beyond_the_float_range_is_flagged_and_16_bit_sums_in
     assert grads[1].shape.num_elements() * 3e37 > 3.4e38 > 3e37
     grads[1] = tf.fill(variables[1].shape, 3e37)
     assert bool(tf.reduce_all(tf.math.is_finite(grads[1])))
-    state.step(grads, 4.0, 4, opt, variables)
+    _close_one_window(state, opt, variables, grads)
     with pytest.raises(ac.NonFiniteGradientError, match="beyond the float range") as info:
         state.raise_if_nonfinite()
     assert info.value.variable == variables[1].path
@@ -227,10 +239,10 @@ def test_a_gradient_summing_beyond_the_float_range_is_flagged_and_16_bit_sums_in
 # ---------------------------------------------------------------------------- no per-batch read
 @pytest.mark.parametrize("entry", ["eager", "function", "graph", "fit"])
 def test_raise_is_checked_once_per_epoch_and_counts_the_unused_rest(entry, clean, monkeypatch):
-    """``fit`` reads the non-finite flag once per epoch, not per micro-batch: the state,
-    frozen at micro-batch 1 of 6, refuses the 4 after it, and the error says so (and still
-    names micro-step 1). Catches: a host read per micro-batch (``raise_if_nonfinite`` called
-    about 6 times), later micro-batches accumulated or counted while frozen, a wrong count."""
+    """``fit`` reads the non-finite stop once per epoch, not per micro-batch: window 0 (with
+    the bad micro-batch 1) stops training, window 1's 3 micro-batches are discarded, and the
+    error says so. Catches: a host read per micro-batch (``raise_if_nonfinite`` called about 6
+    times), later windows applied while stopped, a wrong count."""
     calls = []
     original = ac.AccumulationState.raise_if_nonfinite
 
@@ -243,35 +255,39 @@ def test_raise_is_checked_once_per_epoch_and_counts_the_unused_rest(entry, clean
     with pytest.raises(ac.NonFiniteGradientError) as info:
         train(entry, poisoned(x, "nan"), y, "raise")
     err = info.value
-    assert (err.epoch, err.micro_step, err.window_position) == (0, BAD, BAD)
-    assert err.unused_micro_batches == N // MICRO - BAD - 1 == 4
-    assert "4 later micro-batch(es) were seen while the state was frozen" in str(err)
+    assert (err.epoch, err.window, err.first_micro_step, err.micro_batches) == (0, 0, 0, K)
+    assert err.unused_micro_batches == N // MICRO - K == 3
+    assert "3 later micro-batch(es) were seen while training was stopped" in str(err)
     assert len(calls) <= 2, f"raise_if_nonfinite called {len(calls)} times in one epoch"
 
 
-def test_frozen_state_refuses_later_micro_batches_exactly():
-    """Unit test: after a bad micro-batch, clean ones are refused (window, counters and
-    accumulators unchanged) and counted; ``clear_nonfinite`` resets the count."""
+def test_stopped_state_discards_later_windows_exactly():
+    """Unit test: a bad window stops training; a clean window after it is discarded and
+    counted; ``clear_nonfinite`` drops the micro-batches seen while stopped and training goes
+    on."""
     model, state, opt = built_state(3)
     variables = model.trainable_variables
     ones = [tf.ones_like(v) for v in variables]
-    state.step(ones, 2.0, 2, opt, variables)
     bad = list(ones)
     bad[1] = tf.fill(variables[1].shape, np.nan)
-    state.step(bad, 2.0, 2, opt, variables)
-    for _ in range(3):  # would close the window (K = 3) if accepted
-        state.step(ones, 2.0, 2, opt, variables)
-    assert int(state.micro_step.numpy()) == 1 and float(state.window_weight.numpy()) == 2.0
-    assert state.counters()["windows_applied"] == 0
-    assert state.counters()["micro_batches_seen"] == 1
-    np.testing.assert_array_equal(state.accumulators[0].numpy(), ones[0].numpy())
+    for grads in (ones, bad, ones, ones, ones, ones, ones):  # windows 0 (bad), 1, then 1 more
+        state.step(grads, 2.0, 2, opt, variables)
+    c = state.counters()
+    assert (c["windows_applied"], c["windows_skipped"], c["micro_step"]) == (0, 2, 1)
+    assert c["micro_batches_seen"] == 7 and c["samples_dropped"] == 12
     with pytest.raises(ac.NonFiniteGradientError) as info:
         state.raise_if_nonfinite()
-    assert (info.value.micro_step, info.value.unused_micro_batches) == (1, 3)
+    assert (info.value.window, info.value.unused_micro_batches) == (0, 4)
     assert info.value.variable == variables[1].path
     assert state.clear_nonfinite()
     state.raise_if_nonfinite()  # cleared: nothing to raise
-    assert int(state.guard.refused.numpy()) == 0
+    c = state.counters()
+    assert c["micro_step"] == 0 and c["samples_dropped"] == 14  # the pending one, dropped
+    before = [v.numpy() for v in variables]
+    for _ in range(3):
+        state.step(ones, 2.0, 2, opt, variables)
+    assert state.counters()["windows_applied"] == 1
+    assert any(np.any(v.numpy() != b) for v, b in zip(variables, before, strict=True))
 
 
 # ---------------------------------------------------------------------------- all skipped

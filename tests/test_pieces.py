@@ -1,13 +1,15 @@
-"""The state's pieces on their own: the window (add, due, mean, reset), the counters and the
-non-finite guard, on hand-made variables (no model, no optimizer): each rule checked against
-numbers computed here by hand."""
+"""The rule's pieces on their own: ``rule.add``, ``rule.end`` and the ``"raise"`` stop, on
+hand-made variables (no model, no optimizer); each checked against numbers computed here by
+hand."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from accumcore.nonfinite import NonFiniteGuard
-from accumcore.window import Counters, Window
+from accumcore import distribute, rule
+from accumcore.nonfinite import NONFINITE, Stop
+
+ONE_REPLICA = distribute.replicas(None)
 
 
 def _scalar(value, dtype=tf.int64):
@@ -16,98 +18,113 @@ def _scalar(value, dtype=tf.int64):
 
 def _window(shapes=((2, 3), (4,))):
     accumulators = [tf.Variable(tf.zeros(s)) for s in shapes]
-    return Window(accumulators, _scalar(0.0, tf.float32), _scalar(0), _scalar(0), _scalar(0),
-                  parts=lambda v: (v,), distributed=False)
+    return rule.Window(accumulators, _scalar(0.0, tf.float32), _scalar(0), _scalar(0),
+                       _scalar(0))
 
 
-def test_window_adds_weighted_sums_and_divides_once():
-    window = _window()
+def _counters():
+    return rule.Counters(*(_scalar(0) for _ in range(6)))
+
+
+def _stop():
+    return Stop(tf.Variable(tf.constant([-1, -1, -1, -1], tf.int64)), lambda v: (v,))
+
+
+def _plan(policy="skip_window"):
+    return rule.plan(NONFINITE[policy], None, ONE_REPLICA, _stop())
+
+
+def test_add_sums_weighted_gradients_and_counts():
+    window, counters = _window(), _counters()
     rng = np.random.default_rng(0)
     grads = [[rng.normal(size=(2, 3)).astype("float32"), rng.normal(size=4).astype("float32")]
              for _ in range(3)]
     weights = [5.0, 2.0, 9.0]
     for g, w in zip(grads, weights):
-        window.add([tf.constant(x) for x in g], tf.constant(w), tf.constant(4, tf.int64))
-        window.advance()
+        rule.add(window, counters, _plan(), [tf.constant(x) for x in g], tf.constant(w),
+                 tf.constant(4, tf.int64), False)
     assert int(window.micro_step.numpy()) == 3 and int(window.samples.numpy()) == 12
     assert float(window.weight.numpy()) == sum(weights)
-    mean = window.mean(window.weight.read_value())
+    assert int(counters.micro_batches_seen.numpy()) == 3
+    assert int(counters.samples_seen.numpy()) == 12
     for i in range(2):
-        expected = sum(g[i] for g in grads) / sum(weights)  # the sums were given pre-weighted
-        np.testing.assert_allclose(mean[i].numpy(), expected, rtol=1e-6)
-    summed = window.mean(window.weight.read_value(), normalize=False)
-    np.testing.assert_allclose(summed[1].numpy(), sum(g[1] for g in grads), rtol=1e-6)
+        np.testing.assert_allclose(window.accumulators[i].numpy(), sum(g[i] for g in grads),
+                                   rtol=1e-6)
 
 
-def test_window_sparse_rows_and_missing_gradients():
+def test_add_sparse_rows_and_missing_gradients():
     window = _window(((5, 2), (3,)))
     rows = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
                             tf.constant([0, 3, 0]), tf.constant([5, 2]))
-    window.add([rows, None], tf.constant(1.0), tf.constant(1, tf.int64))
+    rule.add(window, _counters(), _plan(), [rows, None], tf.constant(1.0),
+             tf.constant(1, tf.int64), False)
     expected = np.zeros((5, 2), "float32")
     expected[0] = [6.0, 8.0]  # a repeated row is summed
     expected[3] = [3.0, 4.0]
     np.testing.assert_array_equal(window.accumulators[0].numpy(), expected)
-    window.has_gradient = [True, False]
-    mean = window.mean(tf.constant(2.0))
-    assert mean[1] is None
-    np.testing.assert_array_equal(mean[0].numpy(), expected / 2)
+    assert window.with_gradient == [True, False]
+    assert not np.any(window.accumulators[1].numpy())
 
 
-def test_window_due_and_reset():
-    window = _window()
-    assert not bool(window.due(tf.constant(3, tf.int64), 4, force=False))
-    assert bool(window.due(tf.constant(4, tf.int64), 4, force=False))
-    assert bool(window.due(tf.constant(1, tf.int64), 4, force=True))
-    assert not bool(window.due(tf.constant(0, tf.int64), 4, force=True))
-    window.add([tf.ones((2, 3)), tf.ones(4)], tf.constant(3.0), tf.constant(3, tf.int64))
-    window.advance()
-    window.poisoned.assign(1)
-    window.reset()
-    assert all(not np.any(v.numpy()) for v in window.variables)
+def test_skip_micro_batch_leaves_a_flagged_one_out_and_counts_it():
+    window, counters = _window(), _counters()
+    bad = [tf.fill((2, 3), np.nan), tf.ones(4)]
+    added = rule.add(window, counters, _plan("skip_micro_batch"), bad, tf.constant(3.0),
+                     tf.constant(3, tf.int64), False)
+    assert not bool(added)
+    assert float(window.weight.numpy()) == 0.0 and not np.any(window.accumulators[1].numpy())
+    assert int(window.micro_step.numpy()) == 1  # it still takes its place in the window
+    assert int(counters.micro_batches_skipped.numpy()) == 1
+    assert int(counters.samples_dropped.numpy()) == 3 and int(window.poisoned.numpy()) == 0
 
 
 @pytest.mark.parametrize("applied", [True, False, "tensor-true", "tensor-false"])
-def test_counters_end_window(applied):
-    variables = {name: _scalar(0) for name in Counters.NAMES}
-    counters = Counters(variables, parts=lambda v: (v,))
-    pending = _scalar(7)
-    value = applied if isinstance(applied, bool) else None
-
-    @tf.function
-    def end(flag):  # the outcome is not known at trace time
-        counters.end_window(flag, pending, counted=True)
-
-    if value is None:
-        value = applied == "tensor-true"
-        end(tf.constant(value))
-    else:
-        counters.end_window(value, pending, counted=True)
-    assert int(variables["windows_applied"].numpy()) == int(value)
-    assert int(variables["windows_skipped"].numpy()) == int(not value)
-    assert int(variables["samples_dropped"].numpy()) == (0 if value else 7)
+def test_end_counts_the_outcome_and_empties_the_window(applied):
+    window, counters = _window(), _counters()
+    rule.add(window, counters, _plan(), [tf.ones((2, 3)), tf.ones(4)], tf.constant(3.0),
+             tf.constant(7, tf.int64), False)
+    window.poisoned.assign(1)
+    value = applied if isinstance(applied, bool) else applied == "tensor-true"
+    if isinstance(applied, bool):
+        rule.end(window, counters, ONE_REPLICA, value, [])
+    else:  # the outcome is not known at trace time
+        tf.function(lambda flag: rule.end(window, counters, ONE_REPLICA, flag, []))(
+            tf.constant(value))
+    assert int(counters.windows_applied.numpy()) == int(value)
+    assert int(counters.windows_skipped.numpy()) == int(not value)
+    assert int(counters.samples_dropped.numpy()) == (0 if value else 7)
+    assert all(not np.any(v.numpy()) for v in window.variables)
 
 
-def test_counters_dropped_window_is_not_counted_as_skipped():
-    variables = {name: _scalar(0) for name in Counters.NAMES}
-    Counters(variables, parts=lambda v: (v,)).end_window(False, _scalar(5), counted=False)
-    assert int(variables["windows_skipped"].numpy()) == 0
-    assert int(variables["samples_dropped"].numpy()) == 5
+def test_a_dropped_window_is_not_counted_as_skipped():
+    window, counters = _window(), _counters()
+    window.samples.assign(5)
+    rule.end(window, counters, ONE_REPLICA, False, [], counted=False)
+    assert int(counters.windows_skipped.numpy()) == 0
+    assert int(counters.samples_dropped.numpy()) == 5
 
 
-def test_guard_records_the_first_freeze_only_and_clears():
-    guard = NonFiniteGuard(_scalar(0), tf.Variable(tf.constant([-1, -1, -1], tf.int64)),
-                           lambda v: (v,))
-    assert not bool(guard.frozen)
-    assert guard.error(["a", "b", "c"], 4) is None
-    # variables 0 and 2 have gradients; the one of variable 2 is not finite
-    guard.refuse(tf.constant([True, False, True]), [0, 2], tf.constant(1, tf.int64),
-                 tf.constant(9, tf.int64))
-    guard.refuse(tf.constant([False, True, True]), [0, 2], tf.constant(2, tf.int64),
-                 tf.constant(10, tf.int64))  # refused while frozen: counted, not recorded
-    error = guard.error(["a", "b", "c"], 4, epoch=3)
-    assert (error.micro_step, error.window_position, error.variable) == (9, 1, "c")
-    assert error.unused_micro_batches == 1 and "epoch 3" in str(error)
-    assert guard.clear(pending=1, samples=4)
-    assert not bool(guard.frozen) and guard.error(["a", "b", "c"], 4) is None
-    assert not guard.clear(pending=0, samples=0)
+def test_stop_records_the_first_bad_window_only_and_clears():
+    stop, window, counters = _stop(), _window(), _counters()
+    assert not bool(stop.stopped) and stop.error(["a", "b", "c"], 4) is None
+    window.micro_step.assign(2)
+    counters.micro_batches_seen.assign(6)
+    counters.windows_applied.assign(2)
+    # variables 0 and 2 have gradients; the sum of variable 2 is not finite
+    assert bool(stop.verdict(tf.constant(True), window, counters, [0, 2],
+                             tf.constant([0.0, 1.0])))
+    assert bool(stop.stopped)
+    counters.micro_batches_seen.assign(9)
+    counters.windows_skipped.assign(1)
+    # a clean window while stopped is skipped too, and does not overwrite the record
+    assert bool(stop.verdict(tf.constant(False), window, counters, [0, 2],
+                             tf.constant([1.0, 0.0])))
+    error = stop.error(["a", "b", "c"], 9, epoch=3)
+    assert (error.window, error.first_micro_step, error.micro_batches) == (2, 4, 2)
+    assert error.variable == "c" and error.unused_micro_batches == 3
+    assert "epoch 3" in str(error) and "micro-batches 4 to 5" in str(error)
+    assert stop.clear()
+    assert not bool(stop.stopped) and stop.error(["a", "b", "c"], 9) is None
+    assert not stop.clear()
+    assert not bool(stop.verdict(tf.constant(False), window, counters, [0, 2],
+                                 tf.constant([0.0, 0.0])))

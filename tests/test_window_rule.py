@@ -65,7 +65,7 @@ def test_variables_for_saving_keep_the_order_of_saved_files() -> None:
     assert len(state.accumulators) == len(model.trainable_variables)
 
 
-def test_reset_empties_exactly_the_window_variables() -> None:
+def test_drop_window_empties_exactly_the_window_variables() -> None:
     model, state, _ = built_state(3)
     x = np.random.default_rng(0).normal(size=(5, 8)).astype("float32")
     y = np.array([0, 1, 2, 0, 1])
@@ -73,20 +73,19 @@ def test_reset_empties_exactly_the_window_variables() -> None:
         loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, model(x)))
     grads = tape.gradient(loss, model.trainable_variables)
     state.accumulate(grads, 5.0, 5)
-    state.advance()
     state.window_poisoned.assign(1)
     before = state.counters()
     assert before["micro_step"] == 1 and before["window_samples"] == 5
     assert all(np.any(a.numpy() != 0) for a in state.accumulators)
-    state.reset()
-    assert all(np.all(v.numpy() == 0) for v in state.window_variables)
-    assert {v.name for v in state.window_variables[len(state.accumulators):]} == {
-        "window_weight:0", "micro_step:0", "window_samples:0", "window_poisoned:0"}
+    state.drop_window()
+    window = [*state.accumulators, state.window_weight, state.micro_step, state.window_samples,
+              state.window_poisoned]
+    assert all(np.all(v.numpy() == 0) for v in window)
     after = state.counters()
-    window = ("micro_step", "window_samples", "window_weight")
-    kept = {k: v for k, v in before.items() if k not in window}
     assert before["window_weight"] == 5.0 and after["window_weight"] == 0.0
-    assert {k: after[k] for k in kept} == kept and after["samples_seen"] == 5
+    assert after["samples_dropped"] == 5 and after["windows_skipped"] == 0  # dropped, counted
+    untouched = ("windows_applied", "micro_batches_seen", "micro_batches_skipped", "samples_seen")
+    assert {k: after[k] for k in untouched} == {k: before[k] for k in untouched}
 
 
 def test_unbuilt_state_has_no_variable_lists() -> None:

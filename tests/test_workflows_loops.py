@@ -159,51 +159,51 @@ def _clean_and_poisoned():
     return xa, ya, xb, yb
 
 
-def _recovery_reference(xa, ya, xb, yb):
-    """The kept half window (micro-batches 0, 1 of the bad run) + the clean run, windows of 4."""
+def _recovery_reference(xb, yb):
+    """The bad run's one window is discarded whole: the reference is the clean run alone."""
     model = small_mlp()
     initial = get_weights(model)
     model.compile(_adam(), LOSS)
-    model.train_on_batch(np.concatenate([xa[:8], xb[:8]]), np.concatenate([ya[:8], yb[:8]]))
-    model.train_on_batch(xb[8:], yb[8:])  # a partial window, flushed at the end of the epoch
+    model.train_on_batch(xb, yb)
     return initial, get_weights(model)
 
 
 @pytest.mark.parametrize("recompile", (False, True))
-def test_fit_after_nonfinite_error_starts_clean_and_keeps_the_half_window(recompile, caplog):
+def test_fit_after_nonfinite_error_clears_the_stop_and_trains_on(recompile, caplog):
     xa, ya, xb, yb = _clean_and_poisoned()
-    initial, reference = _recovery_reference(xa, ya, xb, yb)
+    initial, reference = _recovery_reference(xb, yb)
     model = small_mlp(model_cls=ac.AccumModel, accum_steps=4)
     model.compile(_adam(), LOSS)
     with pytest.raises(ac.NonFiniteGradientError, match=r"next `fit`.*clear_nonfinite") as err:
         model.fit(xa, ya, batch_size=4, shuffle=False, verbose=0)
-    assert err.value.window_position == BAD_MB
+    assert (err.value.window, err.value.micro_batches) == (0, 4)
     if recompile:
         model.compile(_adam(), LOSS)  # the old optimizer never stepped: same reference
     with caplog.at_level(logging.WARNING, logger="accumcore"):
         model.fit(xb, yb, batch_size=4, shuffle=False, verbose=0)  # was: the same error again
-    assert "is kept" in caplog.text and "2 micro-batches, 8 samples" in caplog.text
+    assert "cleared the non-finite gradient stop" in caplog.text
     assert_matches_reference(model, initial, reference)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_trainer_fit_after_nonfinite_error_starts_clean(mode, caplog):
+def test_trainer_fit_after_nonfinite_error_clears_the_stop_and_trains_on(mode, caplog):
     xa, ya, xb, yb = _clean_and_poisoned()
-    initial, reference = _recovery_reference(xa, ya, xb, yb)
+    initial, reference = _recovery_reference(xb, yb)
     model = small_mlp()
     trainer = ac.AccumTrainer(model, _adam(), LOSS, accum_steps=4)
     with pytest.raises(ac.NonFiniteGradientError, match="clear_nonfinite"):
         trainer.fit(dataset(xa, ya, micro=4), mode=mode, verbose=0)
     with caplog.at_level(logging.WARNING, logger="accumcore"):
         trainer.fit(dataset(xb, yb, micro=4), mode=mode, verbose=0)
-    assert "is kept" in caplog.text
+    assert "cleared the non-finite gradient stop" in caplog.text
     assert_matches_reference(model, initial, reference)
 
 
 @pytest.mark.parametrize("mode", ("eager", "function"))
-def test_resumable_loop_raises_at_a_nonfinite_micro_batch_before_saving_it(mode, tmp_path):
-    # ResumableLoop checks each micro-batch before it checkpoints or reports it, so its last
-    # checkpoint holds the micro-batches before the poisoned one, never a frozen state.
+def test_resumable_loop_raises_at_the_bad_window_close(mode, tmp_path):
+    # ResumableLoop checks after each micro-batch, before it reports it: the bad window
+    # (micro-batches 0 to 3, the third poisoned) raises when it closes, unreported and
+    # uncheckpointed; the checkpoints before it hold the window in progress.
     xa, ya, _, _ = _clean_and_poisoned()
     trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, accum_steps=4)
     loop = ResumableLoop(trainer, tmp_path, save_every=1)
@@ -211,9 +211,10 @@ def test_resumable_loop_raises_at_a_nonfinite_micro_batch_before_saving_it(mode,
     with pytest.raises(ac.NonFiniteGradientError) as err:
         loop.fit(dataset(xa, ya, micro=4), 1, mode=mode,
                  on_micro_batch_end=lambda epoch, step: reported.append((epoch, step)))
-    assert err.value.window_position == BAD_MB
-    assert reported == [(0, step) for step in range(BAD_MB)]
-    assert int(loop.checkpoint.save_counter.numpy()) == BAD_MB  # one save per good micro-batch
+    assert (err.value.window, err.value.first_micro_step, err.value.micro_batches) == (0, 0, 4)
+    assert reported == [(0, step) for step in range(3)]
+    assert int(loop.checkpoint.save_counter.numpy()) == 3  # one save per reported micro-batch
+    assert trainer.state.counters()["windows_applied"] == 0
 
 
 # ---------------------------------------------------------------------------- steps_per_epoch

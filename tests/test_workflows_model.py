@@ -348,5 +348,9 @@ def test_train_on_batch_raises_on_a_non_finite_gradient(data):
     model = _accum(k=2)
     bad = x[:8].copy()
     bad[0, 0] = np.nan
-    with pytest.raises(ac.NonFiniteGradientError):
-        model.train_on_batch(bad, y[:8])
+    model.train_on_batch(bad, y[:8])  # the window (K = 2) is checked when it closes
+    before = [w.copy() for w in model.get_weights()]
+    with pytest.raises(ac.NonFiniteGradientError, match="window 0"):
+        model.train_on_batch(x[8:16], y[8:16])
+    for now, then in zip(model.get_weights(), before, strict=True):
+        np.testing.assert_array_equal(now, then)

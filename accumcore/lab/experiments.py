@@ -557,9 +557,7 @@ class _AccumRunner:
 
         state = self.trainer.state
         if state.built:
-            state.reset()  # every run starts with an empty window ...
-            # ... so after a diverged run the library's note on what clearing its non-finite
-            # stop keeps ("0 micro-batches, 0 samples") has nothing to say: leave it out.
+            state.drop_window()  # every run starts with an empty window
             with _quiet_accumcore_log():
                 state.clear_nonfinite()
             for v in self.optimizer.variables:
