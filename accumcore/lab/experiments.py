@@ -390,7 +390,7 @@ def train_compare(
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
         progress: called with that line too, also when ``verbose`` is false; the default,
-            :func:`accumcore.lab.book.progress`, writes it to the book build's progress file
+            ``accumcore.lab.book.progress``, writes it to the book build's progress file
             only (nothing on the page). ``None``: not called.
 
     Returns:
@@ -805,7 +805,7 @@ def lr_sweep(
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
         progress: called with a one-line message after each run; the default,
-            :func:`accumcore.lab.book.progress`, writes it to the book build's progress file
+            ``accumcore.lab.book.progress``, writes it to the book build's progress file
             only (nothing on the page). ``None``: not called.
 
     Returns:
