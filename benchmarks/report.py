@@ -276,13 +276,15 @@ def _throughput_section(results: dict[str, Any], plot_prefix: str) -> list[str]:
     return _throughput_tables(results, plot_prefix) + _ratios_table(results, plot_prefix)
 
 
-def _throughput_tables(results: dict[str, Any], plot_prefix: str) -> list[str]:
-    """Per model: the samples/s of every configuration and cell, its plot, what failed."""
+def _throughput_tables(results: dict[str, Any], plot_prefix: str | None) -> list[str]:
+    """Per model: the samples/s of every configuration and cell, its plot (not with
+    ``plot_prefix=None``: the reader's page, where the table says it all), what failed."""
     lines: list[str] = []
     for model in dict.fromkeys(r["model"] for r in results["throughput"]):
         headers, rows = bm.throughput_table(results, model)
-        lines += [f"#### {model}", "", bm.markdown_table(headers, rows)]
-        lines += ["", f"![throughput {model}]({plot_prefix}throughput_{model}.png)", ""]
+        lines += [f"#### {model}", "", bm.markdown_table(headers, rows), ""]
+        if plot_prefix is not None:
+            lines += [f"![throughput {model}]({plot_prefix}throughput_{model}.png)", ""]
         errors = [r for r in results["throughput"] if r["model"] == model and r.get("error")]
         for r in errors:
             lines.append(f"- `{r['config']}` (b={r['micro_batch']}, K={r['accum_steps']}) "
@@ -866,7 +868,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
             lines += ["### Throughput (samples/s)", "",
                       "Median of the interleaved repeats (± half the range over the repeats, in "
                       "% of the median).", ""]
-            lines += _throughput_tables(results, prefix)
+            lines += _throughput_tables(results, None)
             lines += _reader_ratios_table(results, prefix)
         lines += ["### Graph operations", ""] + _reader_ops(results) + [""]
         lines += ["### Where the time goes", ""] + _breakdown_section(results)
