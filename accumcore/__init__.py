@@ -3,7 +3,7 @@
 One accumulated window of any micro-batch sizes produces the same optimizer update as one large
 batch, to float round-off: each micro-batch is weighted by exactly what Keras's own loss divided
 it by (its samples, its sample-weight sum, or its valid elements under a Keras mask or
-``ignore_class``: ``accumcore.denominators``), and the window divides once by the sum.
+``ignore_class``: ``accumcore._impl.denominators``), and the window divides once by the sum.
 
 Entry points:
     :func:`accumulate`     ``model.fit`` of a model you already have (in place, its class kept)
@@ -66,14 +66,14 @@ def _check_tensorflow() -> None:
 
 _check_tensorflow()
 
-from accumcore.batchnorm import WindowBatchNormalization, convert_batchnorm  # noqa: E402
-from accumcore.config import resolve_accum_steps  # noqa: E402
-from accumcore.errors import NonFiniteGradientError  # noqa: E402
-from accumcore.fitting import accumulate, flush  # noqa: E402
-from accumcore.loops import AccumTrainer, LoopHistory  # noqa: E402
-from accumcore.model import AccumModel, WindowFlushCallback  # noqa: E402
-from accumcore.nonfinite import NonFinitePolicy  # noqa: E402
-from accumcore.state import AccumulationState  # noqa: E402
+from accumcore._impl.accum_model import AccumModel, WindowFlushCallback  # noqa: E402
+from accumcore._impl.batchnorm import WindowBatchNormalization, convert_batchnorm  # noqa: E402
+from accumcore._impl.config import resolve_accum_steps  # noqa: E402
+from accumcore._impl.errors import NonFiniteGradientError  # noqa: E402
+from accumcore._impl.fitting import accumulate, flush  # noqa: E402
+from accumcore._impl.nonfinite import NonFinitePolicy  # noqa: E402
+from accumcore._impl.state import AccumulationState  # noqa: E402
+from accumcore._impl.trainer import AccumTrainer, LoopHistory  # noqa: E402
 
 __all__ = [
     "AccumModel",

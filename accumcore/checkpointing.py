@@ -50,10 +50,10 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore.config import check_accum_steps, check_choice
-from accumcore.epochs import HistoryBook, LoopHistory, close_epoch, empty_epoch_error
-from accumcore.loops import AccumTrainer
-from accumcore.state import AccumulationState
+from accumcore._impl.config import check_accum_steps, check_choice
+from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, close_epoch, empty_epoch_error
+from accumcore._impl.state import AccumulationState
+from accumcore._impl.trainer import AccumTrainer
 
 #: Modes of :meth:`ResumableLoop.fit` (``"graph"`` runs a whole epoch in one call, so it cannot
 #: stop or checkpoint between micro-batches).

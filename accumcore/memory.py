@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accumcore.config import check_positive_int
+from accumcore._impl.config import check_positive_int
 
 
 @dataclass
@@ -260,7 +260,7 @@ def gradient_step_probe(
     """
     import tensorflow as tf
 
-    from accumcore.core import as_loss_fn
+    from accumcore._impl.gradients import as_loss_fn
 
     loss_fn = as_loss_fn(loss)  # a reducing Keras loss: the mean over the micro-batch
 

@@ -29,7 +29,9 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
-from accumcore import rule
+from accumcore._impl import rule
+from accumcore._impl.accum_model import AccumModel
+from accumcore._impl.trainer import AccumTrainer
 from accumcore.lab.benchmarking import (
     _MEMORY_TAG,
     _PROBE_TAG,
@@ -50,8 +52,6 @@ from accumcore.lab.benchmarking import (
     evaluate_targets,
     trainable_bytes,
 )
-from accumcore.loops import AccumTrainer
-from accumcore.model import AccumModel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from minimal import MinimalAccumulator  # noqa: E402
@@ -332,7 +332,7 @@ def floor_functions(model: keras.Model, k: int, *, loss: Any = LOSS
     ``"floor_window_xla"`` (one window of K micro-batches per call, split in the graph exactly
     like :meth:`~accumcore.AccumTrainer.window_step`).
     """
-    from accumcore.core import as_loss_fn
+    from accumcore._impl.gradients import as_loss_fn
 
     step = _floor_step(model, as_loss_fn(loss))
 
@@ -578,7 +578,7 @@ def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
     ``"accumcore"`` is accumcore's own bookkeeping (finiteness checks, further counters,
     end-of-window hooks, per-micro-batch loss records).
     """
-    from accumcore.core import as_loss_fn
+    from accumcore._impl.gradients import as_loss_fn
 
     loss_fn = as_loss_fn(LOSS)
     ds = _dataset(x, y, b)

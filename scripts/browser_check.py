@@ -295,7 +295,7 @@ cell.className = "cell docutils container";
 cell.innerHTML = '<div class="cell_output docutils container">' +
     '<div class="output stderr"><pre></pre></div></div>';
 cell.querySelector("pre").textContent = arguments[0] +
-    "/accumcore/model.py:440: UserWarning: a warning the page does not expect";
+    "/accumcore/_impl/accum_model.py:440: UserWarning: a warning the page does not expect";
 document.querySelector("main, article, body").appendChild(cell);
 """
 

@@ -34,6 +34,7 @@ from helpers import (
 )
 
 import accumcore as ac
+from accumcore._impl import loss_scaling
 from accumcore.lab.devices import CountingCrossDeviceOps, replica_devices
 from accumcore.lab.experiments import get_weights, relative_error
 
@@ -221,7 +222,7 @@ def mixed_precision() -> dict:
         out[name] = {
             "rel": relative_error(get_weights(model), ref, initial),
             "counters": history.counters,
-            "scale": ac.loss_scaling.loss_scale(trainer.optimizer),
+            "scale": loss_scaling.loss_scale(trainer.optimizer),
         }
     return out
 

@@ -14,8 +14,8 @@ import tensorflow as tf
 from helpers import LOSS, built_state, small_mlp
 
 import accumcore as ac
+from accumcore._impl.config import check_accum_steps
 from accumcore.checkpointing import ExactBackupAndRestore, ResumableLoop, SkipTrainedBatches
-from accumcore.config import check_accum_steps
 from accumcore.memory import accum_steps_for, largest_fitting
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 from helpers import REL_TOL, run_script, windows_of
 
 import accumcore as ac
-from accumcore.batchnorm import window_layers
+from accumcore._impl.batchnorm import window_layers
 from accumcore.lab.experiments import (
     get_weights,
     moving_statistics,

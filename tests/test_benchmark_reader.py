@@ -28,9 +28,9 @@ def _full_fake_run(out) -> str:
     results = fake_results()
     results["unit_tests"] = {"passed": 607, "failed": 0, "errors": 0, "skipped": 0,
                              "seconds": 213.8}
-    results["code"] = {"largest_class": [299, "accumcore/state.py:AccumulationState"],
-                       "longest_function": [59, "accumcore/loops.py:fit"],
-                       "code_lines": [3126, "24 files"], "files": {"accumcore/state.py": 161}}
+    results["code"] = {"largest_class": [299, "accumcore/_impl/state.py:AccumulationState"],
+                       "longest_function": [59, "accumcore/_impl/trainer.py:fit"],
+                       "code_lines": [3126, "24 files"], "files": {"accumcore/_impl/state.py": 161}}
     results["targets"] = bm.evaluate_targets(results)
     out.mkdir()
     (out / "results.json").write_text(json.dumps(results))

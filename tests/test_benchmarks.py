@@ -27,7 +27,7 @@ from helpers import (
 
 import accumcore as ac
 import accumcore.lab.experiments  # noqa: F401
-from accumcore import rule
+from accumcore._impl import rule
 from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))

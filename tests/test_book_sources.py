@@ -118,7 +118,7 @@ def test_a_syntax_error_fires():
 _CLEAN_PAGE = {
     "prose": "One window of 4 x 16 matches the batch of 64 to 1e-6.",
     "text": "One window of 4 x 16 matches the batch of 64 to 1e-6. See tests/test_x.py and "
-            "https://github.com/accumcore/accumcore/blob/main/accumcore/model.py.",
+            "https://github.com/accumcore/accumcore/blob/main/accumcore/_impl/accum_model.py.",
     "outputs": [{"text": "rel = 1.2e-06\n", "stderr": False, "tags": []}],
 }
 
@@ -136,12 +136,12 @@ def test_an_unrendered_directive_or_role_fires():
 
 
 def test_an_absolute_path_of_the_build_machine_fires():
-    line = ("/build/repo/accumcore/model.py:440: UserWarning: Model 'functional' has 2 stock "
-            "keras.layers.BatchNormalization layer(s)")
+    line = ("/build/repo/accumcore/_impl/accum_model.py:440: UserWarning: Model 'functional' "
+            "has 2 stock keras.layers.BatchNormalization layer(s)")
     page = dict(_CLEAN_PAGE, text=line, outputs=[{"text": line, "stderr": True, "tags": []}])
     found = checks.page_problems(page, ["/build/repo/"])
     assert "absolute path of the building machine '/build/repo' in the page" in found
-    assert any("absolute path of a Python file '/build/repo/accumcore/model.py'" in p
+    assert any("absolute path of a Python file '/build/repo/accumcore/_impl/accum_model.py'" in p
                for p in found)
     assert any(p.startswith("stderr output in a cell not tagged expect-warning") for p in found)
     # a path the check was not told about is still caught when it names a Python file

@@ -1,4 +1,4 @@
-"""accumcore.compat (the Keras-version shim) and the import-time version check.
+"""accumcore._impl.compat (the Keras-version shim) and the import-time version check.
 
 Each branch of the shim that can run on the stack under test runs here: the branch of
 ``compute_loss`` without ``training`` is driven on any stack by a ``compute_loss`` override
@@ -26,7 +26,7 @@ from helpers import (
 )
 
 import accumcore as ac
-from accumcore import compat
+from accumcore._impl import compat
 from accumcore.lab.experiments import get_weights
 
 

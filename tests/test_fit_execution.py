@@ -22,7 +22,7 @@ import pytest
 from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
 
 import accumcore as ac
-from accumcore import building
+from accumcore._impl import building
 
 N, MICRO, K, EPOCHS = 38, 4, 3, 2
 

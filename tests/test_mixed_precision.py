@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import accumcore as ac  # noqa: E402
+from accumcore._impl import loss_scaling  # noqa: E402
 from accumcore.lab.experiments import get_weights, relative_error  # noqa: E402
 
 LOSS = "sparse_categorical_crossentropy"
@@ -96,7 +97,7 @@ def test_equivalence_with_large_batch(entry: str, policy: str) -> None:
     assert all(a.dtype == tf.float32 for a in state.accumulators), "accumulators not float32"
     assert state.counters()["windows_applied"] == 2
     if policy == "mixed_float16":  # no overflow here: the scale is unchanged in both runs
-        assert ac.loss_scaling.loss_scale(optimizer) == ac.loss_scaling.loss_scale(ref_opt) == 2**15
+        assert loss_scaling.loss_scale(optimizer) == loss_scaling.loss_scale(ref_opt) == 2**15
 
 
 @pytest.mark.parametrize("entry", ["eager", "fit"])
@@ -114,7 +115,7 @@ def test_forced_overflow_skips_exactly_one_window(entry: str) -> None:
     assert counters["samples_dropped"] == MICRO * K  # exactly window 2's samples
     assert counters["samples_seen"] == 96 and counters["micro_batches_seen"] == 12
     assert counters["micro_step"] == 0 and counters["window_samples"] == 0  # next window clean
-    assert ac.loss_scaling.loss_scale(optimizer) == ac.loss_scaling.loss_scale(ref_opt) == 2**14
+    assert loss_scaling.loss_scale(optimizer) == loss_scaling.loss_scale(ref_opt) == 2**14
     assert int(optimizer.iterations.numpy()) == int(ref_opt.iterations.numpy()) == 2
     # Windows 1 and 3 applied as in the large-batch run (window 3 with the lowered scale).
     rel = relative_error(get_weights(model), ref, initial)

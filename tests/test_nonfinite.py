@@ -15,7 +15,7 @@ import tensorflow as tf
 from helpers import LOSS, REL_TOL, built_state, reference_weights, small_mlp
 
 import accumcore as ac
-from accumcore import nonfinite
+from accumcore._impl import nonfinite
 from accumcore.lab.experiments import get_weights, relative_error
 
 MICRO, K, N = 4, 3, 24

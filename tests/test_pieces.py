@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from accumcore import distribute, rule
-from accumcore.nonfinite import NONFINITE, Stop
+from accumcore._impl import distribute, rule
+from accumcore._impl.nonfinite import NONFINITE, Stop
 
 ONE_REPLICA = distribute.replicas(None)
 

@@ -34,7 +34,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import accumcore as ac
-from accumcore.denominators import CountedLoss, recording
+from accumcore._impl import compat, denominators, gradients
+from accumcore._impl.denominators import CountedLoss, recording
 
 MICRO, K = 16, 4
 
@@ -142,13 +143,13 @@ def test_denominator_times_mean_is_the_sum(case, reduction, batch, masked, weigh
     counted = CountedLoss(loss)
     with recording() as records:
         value = counted(y_true, y_pred, sw)
-    plain = ac.core.as_loss_fn(loss)
+    plain = gradients.as_loss_fn(loss)
     np.testing.assert_array_equal(value.numpy(), plain(y_true, y_pred, sw).numpy())
     (record,) = records
     config = plain.get_config()
     config["reduction"] = "sum"
     summed = type(plain).from_config(config) if not isinstance(
-        plain, ac.denominators.FunctionLoss) else ac.denominators.FunctionLoss(
+        plain, denominators.FunctionLoss) else denominators.FunctionLoss(
         plain.fn, reduction="sum")
     total = summed(y_true, y_pred, sw).numpy()
     np.testing.assert_allclose(record.value.numpy() * value.numpy(), total, rtol=2e-6,
@@ -454,7 +455,7 @@ def test_mixed_precision_keeps_token_weights(entry, tokens):
     # Keras 3.10 drops the mask where a float32 layer casts a float16 input (Keras 3.15 keeps
     # it): then Keras's own loss divides by every element, and so does accumcore. Where the
     # mask arrives, weighting by samples is measurably wrong.
-    if ac.compat.keras_mask(mixed_seq_model()(x[:2])) is not None:
+    if compat.keras_mask(mixed_seq_model()(x[:2])) is not None:
         by_samples = train("function", mixed_seq_model, scaled_sgd, token_loss(), x, y,
                            normalizer=samples_only)
         assert rel(by_samples, initial, reference) > 10 * MIXED_TOL

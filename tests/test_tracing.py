@@ -81,7 +81,7 @@ def test_library_code_is_convertible_by_autograph():
 def test_hot_path_functions_convert():
     """The functions AutoGraph warned about, converted for real (``tf.autograph.to_graph``
     raises where it would have warned)."""
-    from accumcore import distribute, rule
+    from accumcore._impl import distribute, rule
 
     for function in (rule._nothing, rule._admit_all, rule._no_check, rule._skip_bad,
                      distribute.Replicas.forget, distribute.Replicas.require_replica_context):

@@ -25,8 +25,8 @@ from helpers import (
 )
 
 import accumcore as ac
+from accumcore._impl.datasets import array_dataset
 from accumcore.checkpointing import ResumableLoop
-from accumcore.inputs import array_dataset
 from accumcore.lab.experiments import get_weights, relative_error
 
 MICRO, K = 8, 3

@@ -82,10 +82,10 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
+from accumcore._impl.accum_model import AccumModel
+from accumcore._impl.trainer import AccumTrainer
 from accumcore.lab import experiments
 from accumcore.lab.data import load_mnist
-from accumcore.loops import AccumTrainer
-from accumcore.model import AccumModel
 
 #: Every throughput configuration, as name -> (number in the issue, description).
 CONFIGS: dict[str, tuple[str, str]] = {

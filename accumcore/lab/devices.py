@@ -5,7 +5,7 @@ Neither is needed to train: :func:`replica_devices` splits the CPU into logical 
 distributed tests), and :class:`CountingCrossDeviceOps` records every cross-replica reduction a
 strategy performs, which is how the book and the tests show that accumcore reduces once per
 window. Both lived in
-``accumcore.distribute`` before; the library does not use them.
+``accumcore._impl.distribute`` before; the library does not use them.
 """
 
 from __future__ import annotations

@@ -50,11 +50,11 @@ def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
 
     Returns:
         ``[mean_0, variance_0, mean_1, variance_1, ...]`` as float64 arrays of shape
-        ``(channels,)``, in ``accumcore.batchnorm.batchnorm_layers``'s order (layer names
+        ``(channels,)``, in ``accumcore._impl.batchnorm.batchnorm_layers``'s order (layer names
         are not used, so two separately built models of the same architecture compare position
         by position); layers not built yet are left out.
     """
-    from accumcore.batchnorm import batchnorm_layers
+    from accumcore._impl.batchnorm import batchnorm_layers
 
     stats = []
     for layer in batchnorm_layers(model):
@@ -138,7 +138,7 @@ def conv_net(
     up to 8 groups) or ``"layer"`` (``LayerNormalization``); the last two do not depend on the
     batch at all.
     """
-    from accumcore.batchnorm import WindowBatchNormalization
+    from accumcore._impl.batchnorm import WindowBatchNormalization
 
     layers = {
         "batch": lambda f: keras.layers.BatchNormalization(),
@@ -396,7 +396,7 @@ def train_compare(
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
     """
-    from accumcore.model import AccumModel
+    from accumcore._impl.accum_model import AccumModel
 
     if not configs:
         raise ValueError("`configs` is empty: pass e.g. {'batch 64': (64, 1), '4 x 16': (16, 4)}.")
@@ -538,7 +538,7 @@ class _AccumRunner:
     def __init__(self, optimizer_name: str, micro_batch: int, accum_steps: int, *,
                  warmup_steps: int, build_model: Callable[..., keras.Model], seed: int,
                  mode: str = "graph") -> None:
-        from accumcore.loops import AccumTrainer
+        from accumcore._impl.trainer import AccumTrainer
 
         self.model = build_model(seed=seed)
         self.initial = self.model.get_weights()
@@ -553,7 +553,7 @@ class _AccumRunner:
 
     def run(self, learning_rate: float, datasets: Sequence, x_val: np.ndarray,
             y_val: np.ndarray) -> dict[str, Any]:
-        from accumcore.errors import NonFiniteGradientError
+        from accumcore._impl.errors import NonFiniteGradientError
 
         state = self.trainer.state
         if state.built:

@@ -29,9 +29,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore.core import as_loss_fn
+from accumcore._impl.gradients import as_loss_fn
+from accumcore._impl.trainer import AccumTrainer
 from accumcore.lab.experiments import get_weights, large_batch_reference, mlp, relative_error
-from accumcore.loops import AccumTrainer
 
 Batch = tuple  # (x, y) or (x, y, sample_weight)
 

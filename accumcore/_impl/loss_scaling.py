@@ -1,7 +1,7 @@
 """Dynamic loss scaling: what accumcore takes from Keras, and the one piece it must mirror.
 
 With a :class:`keras.optimizers.LossScaleOptimizer` every micro-batch loss is scaled by the
-optimizer's own ``scale_loss`` (``accumcore.core.summed_loss_gradients``), the gradients
+optimizer's own ``scale_loss`` (``accumcore._impl.gradients.summed_loss_gradients``), the gradients
 are accumulated in float32, and the window's mean (still scaled) gradient goes to the
 optimizer's own ``apply``, which unscales it, checks it is finite, applies it with the inner
 optimizer and grows the scale, or halves the scale and applies nothing. accumcore reads that
@@ -10,7 +10,7 @@ decision back with the optimizer's own ``check_finite`` (:func:`window_applied`)
 The one exception is a window closed under a ``tf.distribute`` strategy. There each replica's
 update runs in replica context on its own share of the window, and ``LossScaleOptimizer``'s
 cross-replica logic would check only the first replica's share. accumcore checks the whole
-window in its one cross-replica reduction instead (``accumcore.distribute``), applies the
+window in its one cross-replica reduction instead (``accumcore._impl.distribute``), applies the
 :func:`unscale` d gradients with the inner optimizer and then calls :func:`update_scale`, which
 mirrors ``LossScaleOptimizer``'s growth and halving rule (``tests/test_window_rule.py`` pins it
 against ``LossScaleOptimizer.apply`` on the same sequence of finite and non-finite windows).

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from accumcore.config import NONFINITE_POLICIES, check_choice
-from accumcore.errors import NonFiniteGradientError
+from accumcore._impl.config import NONFINITE_POLICIES, check_choice
+from accumcore._impl.errors import NonFiniteGradientError
 
 logger = logging.getLogger("accumcore")
 
@@ -91,7 +91,7 @@ class Stop:
             trainable variable (-1: its weight, or a micro-batch flagged by a ``should_skip``);
             -1 each while training is not stopped.
         parts: ``variable -> tuple`` of the copies a write must reach (every local replica's
-            in cross-replica context: ``accumcore.distribute.Replicas.parts``).
+            in cross-replica context: ``accumcore._impl.distribute.Replicas.parts``).
     """
 
     def __init__(self, record: tf.Variable, parts: Callable[[tf.Variable], tuple]) -> None:

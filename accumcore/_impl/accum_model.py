@@ -22,10 +22,10 @@ from typing import Any
 
 import keras
 
-from accumcore import building, compat, fitting, model_protocol
-from accumcore.building import settings_of
-from accumcore.fitting import WindowFlushCallback
-from accumcore.nonfinite import NONFINITE, NonFinitePolicy
+from accumcore._impl import building, compat, fitting, model_protocol
+from accumcore._impl.building import settings_of
+from accumcore._impl.fitting import WindowFlushCallback
+from accumcore._impl.nonfinite import NONFINITE, NonFinitePolicy
 
 __all__ = ["AccumModel", "WindowFlushCallback"]
 
@@ -137,7 +137,7 @@ class AccumModel(keras.Model):
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``keras.Model.compile``, with every loss wrapped so that it reports what it divides
-        by (``accumcore.fitting.compile_counted``; the values are Keras's own).
+        by (``accumcore._impl.fitting.compile_counted``; the values are Keras's own).
 
         ``model.loss`` is the loss as given, and so is the compile config (``model.save``,
         ``clone_model``).
@@ -178,7 +178,7 @@ class AccumModel(keras.Model):
         ``compile``), the accumulators follow the trainable set (fine-tuning: freeze, ``fit``,
         unfreeze, ``compile``, ``fit``) and the normaliser follows the compiled loss's
         reduction. Without ``compile`` Keras keeps training the set it traced, and so does
-        accumcore (``accumcore.building.prepare_model``).
+        accumcore (``accumcore._impl.building.prepare_model``).
         """
         building.build_accumulation(self)
 
@@ -190,7 +190,7 @@ class AccumModel(keras.Model):
         return fitting.fit(self, super().fit, *args, **kwargs)
 
     def train_step(self, data):
-        """One micro-batch (``accumcore.fitting.train_step``)."""
+        """One micro-batch (``accumcore._impl.fitting.train_step``)."""
         return fitting.train_step(self, super().train_step, data)
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
@@ -212,5 +212,5 @@ class AccumModel(keras.Model):
 
     def end_epoch(self, epoch: int | None = None) -> str | None:
         """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was
-        done (``accumcore.entry.end_epoch``)."""
+        done (``accumcore._impl.entry.end_epoch``)."""
         return fitting.end_epoch(self, epoch)

@@ -1,7 +1,7 @@
 """Several replicas (``tf.distribute``): where each step of the window rule runs, and how the
 window is reduced across replicas.
 
-The rule itself (add, close, end) is written once, in ``accumcore.rule``; it asks the state's
+The rule itself (add, close, end) is written once, in ``accumcore._impl.rule``; it asks the state's
 :class:`Replicas` (one replica) or :class:`StrategyReplicas` (a strategy) where each step runs
 and how the window's status is reduced.
 
@@ -12,7 +12,7 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 *cross-replica context*, so no ``merge_call`` ever sits inside a replica-context ``cond``
 (TensorFlow refuses that: "merge_call called while defining a new graph").
 
-When the window is full (a ``tf.cond`` in cross-replica context), ``accumcore.rule.close``
+When the window is full (a ``tf.cond`` in cross-replica context), ``accumcore._impl.rule.close``
 closes it, asking :class:`StrategyReplicas` for two steps:
 
 1. every replica reports its status ``[weight, poisoned, samples, non-finite flags]``, stacked
@@ -39,7 +39,7 @@ exact zeros. That costs one more gradient-sized all-reduce per window
 Mixed precision under a strategy: the window's finiteness is part of the status
 reduction (the ``LossScaleOptimizer``'s own cross-replica check would read only the first
 replica's share), the update applies the unscaled gradient with the inner optimizer and the
-loss scale follows ``LossScaleOptimizer``'s rule (``accumcore.loss_scaling``).
+loss scale follows ``LossScaleOptimizer``'s rule (``accumcore._impl.loss_scaling``).
 
 No decision in the compiled step is taken in Python on a tensor value, so the same graph is
 valid for TPUStrategy (untested here: no TPU).
@@ -53,7 +53,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore.loss_scaling import inner_optimizer
+from accumcore._impl.loss_scaling import inner_optimizer
 
 _SUM = tf.distribute.ReduceOp.SUM
 _CLIP_ATTRIBUTES = ("clipnorm", "clipvalue", "global_clipnorm")

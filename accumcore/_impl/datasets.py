@@ -12,8 +12,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore import distribute
-from accumcore.config import check_accum_steps
+from accumcore._impl import distribute
+from accumcore._impl.config import check_accum_steps
 
 
 def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Dataset:

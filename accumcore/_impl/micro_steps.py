@@ -1,13 +1,13 @@
-"""The steps :class:`~accumcore.AccumTrainer` runs, eagerly or inside its ``tf.function`` s.
+"""The steps :class:`~accumcore.Trainer` runs, eagerly or inside its ``tf.function`` s.
 
 * :func:`loss_of`: the loss the trainer differentiates, its counted loss plus the model's
   regularisation losses (``model.losses``).
 * :func:`micro_step`: one micro-batch on one replica: the gradient of its summed loss
-  (``accumcore.core.summed_loss_gradients``) into the window, the window applied if due
+  (``accumcore._impl.gradients.summed_loss_gradients``) into the window, the window applied if due
   (``AccumulationState.step``). :func:`compile_micro_step` compiles it with the batch
   dimension unknown, so that a ragged last micro-batch does not retrace.
-* :func:`split_window`: the body of :meth:`AccumTrainer.window_step
-  <accumcore.AccumTrainer.window_step>`: one large batch cut into K micro-batches inside the
+* :func:`split_window`: the body of :meth:`Trainer.window_step
+  <accumcore.Trainer.window_step>`: one large batch cut into K micro-batches inside the
   graph (a ``tf.while_loop``, so only one micro-batch's activations are alive at a time),
   accumulated and applied once; :func:`check_window_step` and :func:`ragged_under_xla` decide
   whether and how it may run.
@@ -19,16 +19,32 @@ rest is read from its public attributes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore.core import first_leaf, replica_loss_factor, summed_loss_gradients
+from accumcore._impl.gradients import first_leaf, replica_loss_factor, summed_loss_gradients
+from accumcore._impl.state import AccumulationState
 
-if TYPE_CHECKING:
-    from accumcore.loops import AccumTrainer
+
+class Trainer(Protocol):
+    """What the steps and the epoch loop read of an :class:`~accumcore.AccumTrainer`."""
+
+    model: keras.Model
+    optimizer: keras.optimizers.Optimizer
+    state: AccumulationState
+    accum_steps: int
+    jit_compile: bool
+    end_of_epoch: str
+    epoch: int
+
+    def end_epoch(self) -> str | None: ...
+
+    def run_micro_batches(self, batches: Any, *, compiled: bool = False,
+                          check_each: bool = True,
+                          after: Callable[[int, tuple], None] | None = None) -> list[tuple]: ...
 
 
 def _batch_relaxed_specs(structure: Any) -> Any:
@@ -66,7 +82,7 @@ def loss_of(counted_loss: Callable, model: keras.Model, x: Any, y: Any, y_pred: 
     return loss
 
 
-def micro_step(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any, y: Any = None,
+def micro_step(trainer: Trainer, loss: Callable, normalizer: Any, x: Any, y: Any = None,
                sample_weight: Any = None) -> tuple:
     """One micro-batch of ``trainer`` on one replica, with its ``loss`` (a bound
     :func:`loss_of`) and its resolved ``normalizer`` (``resolve_normalizer``).
@@ -96,7 +112,7 @@ def compile_micro_step(step: Callable, example: tuple, jit_compile: bool) -> Cal
 
 
 # ---------------------------------------------------------------------------- one window, in graph
-def split_window(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any, y: Any,
+def split_window(trainer: Trainer, loss: Callable, normalizer: Any, x: Any, y: Any,
                  sample_weight: Any) -> tf.Tensor:
     """One window of ``trainer`` from the batch ``x`` (with its ``y`` and ``sample_weight``, or
     ``None``): cut into micro-batches of ``ceil(n / K)`` samples (the last may be smaller),
@@ -130,7 +146,7 @@ def split_window(trainer: AccumTrainer, loss: Callable, normalizer: Any, x: Any,
     return tf.math.divide_no_nan(total_loss, total_weight)
 
 
-def check_window_step(trainer: AccumTrainer, distributed: bool) -> None:
+def check_window_step(trainer: Trainer, distributed: bool) -> None:
     """Refuse a ``window_step`` under a ``tf.distribute`` strategy (``distributed``) or on a
     pending window (it must start on an empty window, as it closes the window it opens)."""
     if distributed:
@@ -146,7 +162,7 @@ def check_window_step(trainer: AccumTrainer, distributed: bool) -> None:
         )
 
 
-def ragged_under_xla(trainer: AccumTrainer, x: Any) -> bool:
+def ragged_under_xla(trainer: Trainer, x: Any) -> bool:
     """Whether the batch ``x`` must run without XLA: ``trainer`` compiles with XLA and K does
     not divide the batch size (or it is unknown). XLA clamps an out-of-range slice to its
     static size, so a smaller last micro-batch would silently re-read samples of the one before

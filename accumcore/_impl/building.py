@@ -1,4 +1,4 @@
-"""How each entry point builds for its model before ``accumcore.entry.prepare``.
+"""How each entry point builds for its model before ``accumcore._impl.entry.prepare``.
 
 ``AccumModel`` (``prepare_model`` when ``fit`` traces,
 ``build_on_first_batch`` for an unbuilt subclass) checks what
@@ -6,7 +6,7 @@
 
 ``AccumTrainer``: ``build_model_and_optimizer`` builds the model (by
 calling it on the micro-batch, if it is unbuilt) and the optimizer, eagerly, before any
-accumulator is made (``accumcore.entry.prepare`` makes them). When the trainable set has
+accumulator is made (``accumcore._impl.entry.prepare`` makes them). When the trainable set has
 changed since the accumulators were made (layers frozen or unfrozen),
 ``check_new_trainable_set`` first checks that it may be followed: no
 window is pending, and the optimizer can update every variable (a built Keras optimizer cannot
@@ -23,11 +23,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore import entry
-from accumcore.config import check_optimizer, warn_if_float16_without_loss_scaling
-from accumcore.core import first_leaf, resolve_normalizer
-from accumcore.layout import variable_name
-from accumcore.state import AccumulationState
+from accumcore._impl import entry
+from accumcore._impl.config import check_optimizer, warn_if_float16_without_loss_scaling
+from accumcore._impl.gradients import first_leaf, resolve_normalizer
+from accumcore._impl.layout import variable_name
+from accumcore._impl.state import AccumulationState
 
 
 @dataclass

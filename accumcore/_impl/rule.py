@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import tensorflow as tf
 
-from accumcore import loss_scaling
-from accumcore.nonfinite import NonFinitePolicy, element_sum
+from accumcore._impl import loss_scaling
+from accumcore._impl.nonfinite import NonFinitePolicy, element_sum
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Plan:
         update: ``update(optimizer, variables, grads) -> bool scalar``, the window's one
             optimizer update (whether it was applied).
         after_update: ``after_update(optimizer, applied)``, run after every closed window.
-        replicas: where each step runs (``accumcore.distribute``).
+        replicas: where each step runs (``accumcore._impl.distribute``).
     """
 
     admit: Callable
@@ -213,12 +213,12 @@ def _skip_bad(bad: tf.Tensor, *_where) -> tf.Tensor:
 
 def plan(policy: NonFinitePolicy, optimizer, replicas, stop) -> Plan:
     """The :class:`Plan` for a non-finite ``policy``, an ``optimizer`` and the ``replicas``;
-    ``stop``: the ``"raise"`` policy's record (``accumcore.nonfinite.Stop``).
+    ``stop``: the ``"raise"`` policy's record (``accumcore._impl.nonfinite.Stop``).
 
     A ``LossScaleOptimizer`` expects overflow: no micro-batch is checked, and the window is
     checked by the optimizer's own ``apply`` (one replica) or, under a strategy, in the close's
     one reduction, with ``LossScaleOptimizer``'s scale rule mirrored
-    (``accumcore.loss_scaling``). Otherwise ``"raise"`` and ``"skip_window"`` check the window
+    (``accumcore._impl.loss_scaling``). Otherwise ``"raise"`` and ``"skip_window"`` check the window
     at its close and ``"skip_micro_batch"`` (or a policy's own ``should_skip``) each micro-batch.
     """
     if loss_scaling.is_loss_scale_optimizer(optimizer):

@@ -1,7 +1,7 @@
 """One micro-batch's contribution: the gradient of its summed loss and its weight.
 
-Shared by the loops (``accumcore.loops``) and the Keras integration
-(``accumcore.model``), so all three entry points compute exactly the same thing.
+Shared by the loops (``accumcore._impl.trainer``) and the Keras integration
+(``accumcore._impl.accum_model``), so all three entry points compute exactly the same thing.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from accumcore.denominators import (
+from accumcore._impl.denominators import (
     FunctionLoss,
     micro_batch_weight,
     recording,
@@ -36,7 +36,7 @@ def batch_size_of(x: Any) -> tf.Tensor:
 
 #: Keras loss reductions and the normaliser that makes a window exact for each (see
 #: :func:`resolve_normalizer`): every mean is weighted by what it divided by ("auto", read
-#: from the loss as it runs: ``accumcore.denominators``); a summed loss is not divided.
+#: from the loss as it runs: ``accumcore._impl.denominators``); a summed loss is not divided.
 #: "mean" is Keras's alias of "sum_over_batch_size".
 REDUCTION_NORMALIZERS = {
     "sum_over_batch_size": "auto",
@@ -76,7 +76,7 @@ def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Ca
         normalizer: the user's choice: ``None`` or ``"auto"`` (the default: weigh every
             micro-batch by what its loss divided by, read as the loss runs), ``"samples"``,
             ``"sample_weight"`` (both checked against the loss's own denominator as it runs:
-            ``accumcore.denominators.micro_batch_weight``), or a callable item count (always
+            ``accumcore._impl.denominators.micro_batch_weight``), or a callable item count (always
             kept, used as given).
         loss: the loss (see :func:`loss_reductions`).
 
@@ -135,7 +135,7 @@ def replica_loss_factor() -> float:
 
 def as_loss_fn(loss: Any) -> keras.losses.Loss:
     """A reducing Keras loss from a loss instance, a string name, or a callable, as
-    ``model.compile`` makes it (``accumcore.denominators.resolve_loss``)."""
+    ``model.compile`` makes it (``accumcore._impl.denominators.resolve_loss``)."""
     if isinstance(loss, str) and loss.lower() in ("crossentropy", "ce"):
         raise ValueError(
             f"`loss`={loss!r} is chosen from the data by `model.compile`; name the loss "
@@ -184,7 +184,7 @@ def summed_loss_gradients(
             ``CountedLoss`` es report what they divided by.
         x, y, sample_weight: one micro-batch.
         normalizer: how to weigh the micro-batch (see
-            ``accumcore.denominators.micro_batch_weight``): ``"auto"`` (what the loss divided
+            ``accumcore._impl.denominators.micro_batch_weight``): ``"auto"`` (what the loss divided
             by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` for a summed loss
             (its gradient is accumulated as it is).
         optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore import inputs
-
-if TYPE_CHECKING:
-    from accumcore.loops import AccumTrainer
+from accumcore._impl import datasets
+from accumcore._impl.micro_steps import Trainer
 
 
 def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
@@ -105,7 +103,7 @@ class HistoryBook:
 
         Args:
             policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what ``accumcore.entry.end_epoch`` did (``None``:
+            outcome: what ``accumcore._impl.entry.end_epoch`` did (``None``:
                 nothing pending).
             updates: optimizer updates applied in this epoch.
         """
@@ -121,7 +119,7 @@ class HistoryBook:
 
 
 # ---------------------------------------------------------------------------- eager / function
-def run_micro_batches(trainer: AccumTrainer, train: Callable, batches: Any, *, compiled: bool,
+def run_micro_batches(trainer: Trainer, train: Callable, batches: Any, *, compiled: bool,
                       check_each: bool, after: Callable[[int, tuple], None] | None) -> list[tuple]:
     """The loop of :meth:`AccumTrainer.run_micro_batches
     <accumcore.AccumTrainer.run_micro_batches>` (same arguments and records), with ``train``
@@ -175,8 +173,8 @@ def _record(step: Callable, records: tuple, i: Any, batch: Any) -> tuple:
     return tuple(r.write(i, out) for r, out in zip(records, step(x, y, sw)))
 
 
-def graph_records(trainer: AccumTrainer, epoch_fn: Callable,
-                  source: inputs.EpochSource) -> list[tuple]:
+def graph_records(trainer: Trainer, epoch_fn: Callable,
+                  source: datasets.EpochSource) -> list[tuple]:
     """Run the compiled :func:`epoch_in_graph` ``epoch_fn`` of ``trainer`` on the epoch of
     ``source``; raise for a non-finite gradient, else return its per-micro-batch records
     ``(loss, weight, applied)`` as Python floats and bools."""
@@ -191,9 +189,9 @@ def graph_records(trainer: AccumTrainer, epoch_fn: Callable,
 
 
 # ---------------------------------------------------------------------------- one epoch of fit
-def fit_epoch(trainer: AccumTrainer, dataset: tf.data.Dataset, source: inputs.EpochSource,
+def fit_epoch(trainer: Trainer, dataset: tf.data.Dataset, source: datasets.EpochSource,
               book: HistoryBook,
-              graph_epoch: Callable[[tf.data.Dataset, inputs.EpochSource], list[tuple]], *,
+              graph_epoch: Callable[[tf.data.Dataset, datasets.EpochSource], list[tuple]], *,
               mode: str, verbose: int) -> None:
     """One epoch of :meth:`AccumTrainer.fit <accumcore.AccumTrainer.fit>`: its micro-batches,
     the progress bar, the book-keeping in ``book`` and the end-of-epoch policy.
@@ -232,7 +230,7 @@ def fit_epoch(trainer: AccumTrainer, dataset: tf.data.Dataset, source: inputs.Ep
 
 
 # ---------------------------------------------------------------------------- end of an epoch
-def close_epoch(trainer: AccumTrainer, book: HistoryBook, windows_before: int) -> None:
+def close_epoch(trainer: Trainer, book: HistoryBook, windows_before: int) -> None:
     """End an epoch of ``trainer``: run its end-of-epoch policy and record it in ``book``; the
     one end-of-epoch step of :meth:`AccumTrainer.fit <accumcore.AccumTrainer.fit>` and
     :meth:`ResumableLoop.fit <accumcore.checkpointing.ResumableLoop.fit>`.

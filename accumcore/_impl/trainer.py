@@ -21,25 +21,19 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore import building, distribute, entry, epochs, inputs, steps
-from accumcore.config import (
+from accumcore._impl import building, datasets, distribute, entry, epoch_loop, micro_steps
+from accumcore._impl.config import (
     check_choice,
     check_settings,
     get_optimizer,
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore.core import as_loss_fn, resolve_normalizer
-from accumcore.denominators import CountedLoss
-
-# HistoryBook, close_epoch and empty_epoch_error are re-exported (`X as X`) from accumcore.epochs;
-# fit_epoch is imported by name, as `fit`'s argument `epochs` hides the module there.
-from accumcore.epochs import HistoryBook as HistoryBook
-from accumcore.epochs import LoopHistory, fit_epoch
-from accumcore.epochs import close_epoch as close_epoch
-from accumcore.epochs import empty_epoch_error as empty_epoch_error
-from accumcore.nonfinite import NonFinitePolicy
-from accumcore.state import AccumulationState
+from accumcore._impl.denominators import CountedLoss
+from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
+from accumcore._impl.gradients import as_loss_fn, resolve_normalizer
+from accumcore._impl.nonfinite import NonFinitePolicy
+from accumcore._impl.state import AccumulationState
 
 MODES = ("eager", "function", "graph")
 
@@ -70,8 +64,8 @@ class AccumTrainer:
             samples, sample-weight sum or valid elements; no division for ``"sum"``),
             ``"samples"`` or ``"sample_weight"`` (checked against that denominator: a masked
             loss refuses ``"samples"``), or a callable ``(x, y, sample_weight) -> item count``,
-            used as given; see ``accumcore.core.resolve_normalizer`` and
-            ``accumcore.denominators.micro_batch_weight``.
+            used as given; see ``accumcore._impl.gradients.resolve_normalizer`` and
+            ``accumcore._impl.denominators.micro_batch_weight``.
         jit_compile: compile the ``tf.function`` steps with XLA.
 
     The trainable set is followed: freeze or unfreeze layers between calls and the next
@@ -109,7 +103,7 @@ class AccumTrainer:
         self.model = model
         self.loss = as_loss_fn(loss)
         # The loss differentiated: a CountedLoss (reports what it divides by) + model.losses.
-        self._loss_of = functools.partial(steps.loss_of, CountedLoss(self.loss), model)
+        self._loss_of = functools.partial(micro_steps.loss_of, CountedLoss(self.loss), model)
         settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
         self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
         # What the window rule uses: the normaliser matching the loss's reduction.
@@ -125,11 +119,11 @@ class AccumTrainer:
         """Forget the compiled steps (they captured the optimizer and the trainable set) and make
         them anew, untraced; ``_micro_fn`` is made on the first micro-batch, for its shape."""
         self._micro_fn = None
-        self._epoch_fn = tf.function(functools.partial(epochs.epoch_in_graph, self._run_micro_step),
-                                     jit_compile=False)
-        split = functools.partial(steps.split_window, self, self._loss_of, self._normalizer)
+        self._epoch_fn = tf.function(
+            functools.partial(epoch_loop.epoch_in_graph, self._run_micro_step), jit_compile=False)
+        split = functools.partial(micro_steps.split_window, self, self._loss_of, self._normalizer)
         self._window_fn = tf.function(split, reduce_retracing=True, jit_compile=self.jit_compile)
-        # window_step without XLA, for batches K does not divide (steps.ragged_under_xla)
+        # window_step without XLA, for batches K does not divide (micro_steps.ragged_under_xla)
         self._window_ragged_fn = tf.function(split, reduce_retracing=True)
 
     @property
@@ -172,7 +166,7 @@ class AccumTrainer:
     def _run_micro_step(self, x, y=None, sample_weight=None):
         """``micro_step``, on every replica under a strategy (outputs
         combined locally)."""
-        step = functools.partial(steps.micro_step, self, self._loss_of, self._normalizer)
+        step = functools.partial(micro_steps.micro_step, self, self._loss_of, self._normalizer)
         if getattr(self, "_strategy", None) is None:
             return step(x, y, sample_weight)
         return distribute.run_micro_step(self._strategy, step, x, y, sample_weight)
@@ -199,7 +193,7 @@ class AccumTrainer:
         if not compiled:
             return self._run_micro_step(x, y, sample_weight)
         if self._micro_fn is None:
-            self._micro_fn = steps.compile_micro_step(
+            self._micro_fn = micro_steps.compile_micro_step(
                 self._run_micro_step, (x, y, sample_weight), self.jit_compile)
         return self._micro_fn(x, y, sample_weight)
 
@@ -216,8 +210,9 @@ class AccumTrainer:
             The mean loss over the batch (float32 scalar tensor).
         """
         self.build(x)
-        steps.check_window_step(self, distributed=self._strategy is not None)
-        window_fn = self._window_ragged_fn if steps.ragged_under_xla(self, x) else self._window_fn
+        micro_steps.check_window_step(self, distributed=self._strategy is not None)
+        ragged = micro_steps.ragged_under_xla(self, x)
+        window_fn = self._window_ragged_fn if ragged else self._window_fn
         loss = window_fn(x, y, sample_weight)
         self.state.raise_if_nonfinite(self.epoch)
         return loss
@@ -230,7 +225,7 @@ class AccumTrainer:
 
     def end_epoch(self) -> str | None:
         """Apply the end-of-epoch policy to a partial window; returns what was done
-        (``accumcore.entry.end_epoch``)."""
+        (``accumcore._impl.entry.end_epoch``)."""
         return entry.end_epoch(self.state, self.end_of_epoch, self.optimizer,
                                self.model.trainable_variables, self.epoch)
 
@@ -262,8 +257,8 @@ class AccumTrainer:
             The records, one per micro-batch: ``(mean_loss, weight, applied)`` as tensors
             (float32, float32 and bool scalars; convert them on the host when needed).
         """
-        return epochs.run_micro_batches(self, self._train_micro_batch, batches, compiled=compiled,
-                                        check_each=check_each, after=after)
+        return epoch_loop.run_micro_batches(self, self._train_micro_batch, batches,
+                                            compiled=compiled, check_each=check_each, after=after)
 
     # ------------------------------------------------------------------ fit
     def fit(
@@ -310,13 +305,13 @@ class AccumTrainer:
             A :class:`LoopHistory`.
         """
         check_choice(mode, "mode", MODES)
-        dataset = inputs.as_dataset(x, y, sample_weight, batch_size, shuffle,
+        dataset = datasets.as_dataset(x, y, sample_weight, batch_size, shuffle,
                                     micro_batch_size=self.micro_batch_size)
-        cardinality, steps_per_epoch = inputs.check_epochs(self.model, dataset, steps_per_epoch)
+        cardinality, steps_per_epoch = datasets.check_epochs(self.model, dataset, steps_per_epoch)
         if self.state.built:
             self.state.clear_nonfinite()  # logged, if a previous call raised
         book = HistoryBook()
-        source = inputs.EpochSource(self.model, dataset, cardinality, steps_per_epoch)
+        source = datasets.EpochSource(self.model, dataset, cardinality, steps_per_epoch)
         for _ in range(epochs):
             fit_epoch(self, dataset, source, book, self._graph_epoch, mode=mode, verbose=verbose)
             book.history.counters = self.state.counters()
@@ -325,8 +320,8 @@ class AccumTrainer:
             self.epoch += 1
         return book.history
 
-    def _graph_epoch(self, dataset: tf.data.Dataset, source: inputs.EpochSource) -> list[tuple]:
+    def _graph_epoch(self, dataset: tf.data.Dataset, source: datasets.EpochSource) -> list[tuple]:
         """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
         for batch in dataset.take(1):  # build eagerly before tracing
             self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
-        return epochs.graph_records(self, self._epoch_fn, source)
+        return epoch_loop.graph_records(self, self._epoch_fn, source)

@@ -13,7 +13,7 @@ Each function takes the model and, where it wraps one, the model's own (class) m
 ``base``: the train step (:func:`train_step`, one micro-batch), the build before tracing
 (:func:`make_train_function`), ``fit`` with :class:`WindowFlushCallback` first (:func:`fit`),
 ``compile`` with every loss counted (:func:`compile_counted`: what the loss divides a
-micro-batch by, ``accumcore.denominators``) and a compile config without them
+micro-batch by, ``accumcore._impl.denominators``) and a compile config without them
 (:func:`plain_compile_config`), and ``train_on_batch`` (:func:`train_on_batch`).
 """
 
@@ -26,14 +26,14 @@ from typing import Any
 
 import keras
 
-from accumcore import building, compat, entry, model_protocol
-from accumcore.building import SETTINGS_ATTRIBUTE, FitSettings, settings_of
-from accumcore.config import check_optimizer, check_settings
-from accumcore.core import summed_loss_gradients
-from accumcore.denominators import counted, uncounted
-from accumcore.loss_scaling import is_loss_scale_optimizer
-from accumcore.nonfinite import NonFinitePolicy
-from accumcore.state import AccumulationState
+from accumcore._impl import building, compat, entry, model_protocol
+from accumcore._impl.building import SETTINGS_ATTRIBUTE, FitSettings, settings_of
+from accumcore._impl.config import check_optimizer, check_settings
+from accumcore._impl.denominators import counted, uncounted
+from accumcore._impl.gradients import summed_loss_gradients
+from accumcore._impl.loss_scaling import is_loss_scale_optimizer
+from accumcore._impl.nonfinite import NonFinitePolicy
+from accumcore._impl.state import AccumulationState
 
 #: The methods :func:`~accumcore.accumulate` gives a model (each wraps the class's own).
 METHODS = ("train_step", "make_train_function", "fit", "compile", "get_compile_config",
@@ -98,7 +98,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
 # ---------------------------------------------------------------------- settings
 def configure(model: keras.Model, given: dict) -> None:
-    """Validate the given settings (``accumcore.model_protocol.CONFIG_KEYS``) and set
+    """Validate the given settings (``accumcore._impl.model_protocol.CONFIG_KEYS``) and set
     them on ``model``'s state and ``FitSettings``."""
     given = dict(given)
     nonfinite = given.pop("nonfinite", None)
@@ -152,7 +152,7 @@ def _own(base: Callable, name: str) -> bool:
 
 def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: Any) -> None:
     """``compile``, with every loss wrapped so that it reports what it divides by
-    (``accumcore.denominators.counted``; the values are Keras's own).
+    (``accumcore._impl.denominators.counted``; the values are Keras's own).
 
     Keras's own ``compile`` gets the counted losses directly. A class with a ``compile`` of its
     own (a KerasHub task resolving ``loss="auto"``) compiles first; its losses are then
@@ -202,7 +202,7 @@ def plain_compile_config(config: Any) -> Any:
 def make_train_function(model: keras.Model, base: Callable, force: bool = False):
     """Build the accumulators (or follow a changed trainable set) and the optimizer, then
     Keras's ``make_train_function``. An unbuilt subclass is built in the first traced step
-    instead, from the first batch (``accumcore.building.build_on_first_batch``), as
+    instead, from the first batch (``accumcore._impl.building.build_on_first_batch``), as
     ``keras.Model.fit`` builds a plain subclass."""
     if settings_of(model).accum_steps_given is False:
         building.build_accumulation(model)  # raises, naming `accum_steps`
@@ -286,7 +286,7 @@ def flush(model: keras.Model) -> bool:
 
 def end_epoch(model: keras.Model, epoch: int | None = None) -> str | None:
     """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was done
-    (``accumcore.entry.end_epoch``)."""
+    (``accumcore._impl.entry.end_epoch``)."""
     return entry.end_epoch(model.accumulation, settings_of(model).end_of_epoch,
                            model.optimizer, model.trainable_variables, epoch)
 

@@ -7,10 +7,11 @@ optimizer's ``apply`` runs once. So the optimizer sees the gradient of the mean 
 whole window, the large-batch gradient, and iterations, learning-rate schedules, Adam's bias
 correction, clipping, weight decay and EMA all advance once per window.
 
-Like optax's ``MultiSteps``, all mutable accumulation state lives in this one object; the rule
-itself is ``accumcore.rule`` (add, close, end), its special cases resolved once per trace into a
-``rule.Plan``. The variables are made by ``accumcore.layout`` under the names checkpoints know;
-``accumcore.distribute`` says where each step runs under a ``tf.distribute`` strategy.
+Like optax's ``MultiSteps``, all mutable accumulation state lives in this one object; the
+rule itself is ``accumcore._impl.rule`` (add, close, end), its special cases resolved once per
+trace into a ``rule.Plan``. The variables are made by ``accumcore._impl.layout`` under the
+names checkpoints know; ``accumcore._impl.distribute`` says where each step runs under a
+``tf.distribute`` strategy.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from accumcore import distribute, layout, rule
-from accumcore.config import check_accum_steps
-from accumcore.layout import variable_name
-from accumcore.nonfinite import NonFinitePolicy, nonfinite_policy
+from accumcore._impl import distribute, layout, rule
+from accumcore._impl.config import check_accum_steps
+from accumcore._impl.layout import variable_name
+from accumcore._impl.nonfinite import NonFinitePolicy, nonfinite_policy
 
-#: The error for a summed loss under a strategy (``accumcore.entry`` raises it too).
+#: The error for a summed loss under a strategy (``accumcore._impl.entry`` raises it too).
 SUM_UNDER_STRATEGY = (
     "A loss with reduction='sum' is not supported under a tf.distribute strategy (Keras "
     "scales such losses differently per replica): use reduction='sum_over_batch_size' (the "
@@ -46,7 +47,7 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what a non-finite gradient does (``accumcore.nonfinite``: what counts):
+        nonfinite: what a non-finite gradient does (``accumcore._impl.nonfinite``: what counts):
             ``"raise"`` (default: a window whose sum is not finite is discarded whole and
             :class:`~accumcore.NonFiniteGradientError` is raised from the Python side; checked
             once per window), ``"skip_window"`` (discard such a window and go on; checked once
@@ -56,7 +57,7 @@ class AccumulationState(tf.Module):
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    ``accumcore.layout.SCALARS``: the window's and the run's counters (the ``"raise"``
+    ``accumcore._impl.layout.SCALARS``: the window's and the run's counters (the ``"raise"``
     policy's stop is in no checkpoint). :meth:`variables_for_saving` lists them.
     """
 
@@ -70,7 +71,7 @@ class AccumulationState(tf.Module):
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
         #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
         #: default, for mean losses); ``False`` applies it as it is, for losses that are
-        #: already sums (``reduction="sum"``). Set from the loss by ``accumcore.entry``.
+        #: already sums (``reduction="sum"``). Set from the loss by ``accumcore._impl.entry``.
         self.normalize = True
         #: Where the rule's steps run (``Replicas``; see build).
         self.replicas = distribute.replicas(None)

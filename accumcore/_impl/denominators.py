@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from accumcore import compat
+from accumcore._impl import compat
 
 _MEAN_REDUCTIONS = ("sum_over_batch_size", "mean")
 

@@ -5,7 +5,7 @@ the state between micro-steps, so the three speak one vocabulary: :func:`prepare
 training (build the accumulators or follow a changed trainable set, the loss's normaliser,
 window-level BatchNorm), :func:`end_epoch` when an epoch ends with a partial window, and
 :func:`flush` to apply one now. How each entry point builds for its model before it
-calls :func:`prepare` is ``accumcore.building``'s.
+calls :func:`prepare` is ``accumcore._impl.building``'s.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from accumcore.batchnorm import attach_window_layers
-from accumcore.state import SUM_UNDER_STRATEGY, AccumulationState
+from accumcore._impl.batchnorm import attach_window_layers
+from accumcore._impl.state import SUM_UNDER_STRATEGY, AccumulationState
 
 logger = logging.getLogger("accumcore")
 

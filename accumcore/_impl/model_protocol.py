@@ -18,9 +18,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from accumcore import building, compat, entry
-from accumcore.config import check_optimizer
-from accumcore.layout import saved_micro_step
+from accumcore._impl import building, compat, entry
+from accumcore._impl.config import check_optimizer
+from accumcore._impl.layout import saved_micro_step
 
 #: The accumulation settings, as ``get_config`` and ``set_accumulation`` name them.
 CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")

@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from accumcore.nonfinite import Stop
-from accumcore.rule import Counters, Window
+from accumcore._impl.nonfinite import Stop
+from accumcore._impl.rule import Counters, Window
 
 
 def accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
@@ -66,7 +66,7 @@ SCALARS = (
     Scalar("samples_seen", 0, summed=True, reported=True, saved=True),
     Scalar("samples_dropped", 0, summed=True, reported=True, saved=True),
     Scalar("window_poisoned", 0, summed=False, reported=False, saved=True),
-    # The "raise" policy's stop (accumcore.nonfinite.Stop): the bad window, its first
+    # The "raise" policy's stop (accumcore._impl.nonfinite.Stop): the bad window, its first
     # micro-batch and size, its first non-finite variable; -1 each while not stopped.
     Scalar("nonfinite_stop", (-1, -1, -1, -1), summed=False, reported=False, saved=False),
 )
@@ -99,7 +99,7 @@ def new_accumulators(variables: Sequence, placement: Callable[..., dict]) -> lis
     """Zero accumulators, one per variable (float32; float64 for float64 variables).
 
     ``placement(summed)``: the ``tf.Variable`` keywords that place a variable on the replicas
-    (``accumcore.distribute.Replicas.placement``). Call in ``tf.init_scope``.
+    (``accumcore._impl.distribute.Replicas.placement``). Call in ``tf.init_scope``.
     """
     return [
         tf.Variable(tf.zeros(v.shape, accumulator_dtype(variable_dtype(v))),
