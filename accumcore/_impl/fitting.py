@@ -45,7 +45,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
     The non-finite check reads the state once per epoch (before validation and before the
     end-of-epoch policy) and at the end of training, never per batch: a stopped state discards
-    every later micro-batch, and the error says how many it refused.
+    every later window, and the error says how many micro-batches it left unused.
 
     ``fit`` (of an ``AccumModel`` or an ``accumulate`` d model) adds it first in the list,
     so that a partial window is flushed *before* validation and before other callbacks
@@ -66,9 +66,10 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._epoch = epoch
         self._saw_batch = False
 
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        # No host read here: a state stopped by a non-finite window discards every
-        # later micro-batch, so the check runs once, when the epoch's training ends.
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        # Not on_train_batch_end: a callback with that hook makes Keras convert every batch's
+        # logs on the host, synchronously (no async dispatch), a device sync per batch. No
+        # non-finite check here either: a stopped state discards every later window.
         self._saw_batch = True
 
     def _raise_if_nonfinite(self) -> None:

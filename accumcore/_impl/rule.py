@@ -142,11 +142,12 @@ def end(window: Window, counters: Counters, replicas, applied: tf.Tensor | bool,
                                             counted=counted),
                        lambda: end(window, counters, replicas, False, hooks, counted=counted))
     applied_n = tf.cast(applied, tf.int64)
-    writes = [(counters.samples_dropped, (1 - applied_n) * window.samples.value())]
-    if counted:
-        writes += [(counters.windows_applied, applied_n),
-                   (counters.windows_skipped, 1 - applied_n)]
-    for counter, n in writes:
+    # Under a strategy each replica's copy counts its own shard (summed when read).
+    for dropped, pending in zip(replicas.parts(counters.samples_dropped),
+                                replicas.parts(window.samples), strict=True):
+        dropped.assign_add((1 - applied_n) * pending.value())
+    outcomes = ((counters.windows_applied, applied_n), (counters.windows_skipped, 1 - applied_n))
+    for counter, n in outcomes if counted else ():
         for part in replicas.parts(counter):
             part.assign_add(n)
     for hook in hooks:
