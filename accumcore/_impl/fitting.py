@@ -52,6 +52,11 @@ class WindowFlushCallback(keras.callbacks.Callback):
     (checkpoints) see the epoch's end.
     """
 
+    #: Keras may run this callback's batch hook off the training thread (it only sets a flag):
+    #: without this, a callback with ``on_train_batch_end`` makes Keras convert every batch's
+    #: logs on the host before the next batch starts.
+    async_safe = True
+
     def __init__(self) -> None:
         super().__init__()
         self._epoch = 0
@@ -66,10 +71,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._epoch = epoch
         self._saw_batch = False
 
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        # Not on_train_batch_end: a callback with that hook makes Keras convert every batch's
-        # logs on the host, synchronously (no async dispatch), a device sync per batch. No
-        # non-finite check here either: a stopped state discards every later window.
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        # No non-finite check here (a host read): a stopped state discards every later window.
         self._saw_batch = True
 
     def _raise_if_nonfinite(self) -> None:

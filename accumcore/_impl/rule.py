@@ -120,9 +120,9 @@ def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: 
     def apply_mean(*shares) -> tf.Tensor:
         totals = shares or [window.accumulators[i].value() for i in present]
         grads = [None] * len(window.accumulators)
-        for i, total in zip(present, totals, strict=True):
-            grads[i] = tf.math.divide_no_nan(total, tf.cast(weight, total.dtype)) \
-                if normalize else total
+        scale = tf.math.divide_no_nan(1.0, weight) if normalize else tf.constant(1.0)
+        for i, total in zip(present, totals, strict=True):  # sum * (1 / W): one multiply
+            grads[i] = total * tf.cast(scale, total.dtype) if normalize else total
         return plan.update(optimizer, variables, grads)
 
     applied = tf.cond(skip, lambda: tf.constant(False),
@@ -163,7 +163,9 @@ def add_gradient(accumulator: tf.Variable, g, distributed: bool) -> None:
     if g is None:
         return
     if not isinstance(g, tf.IndexedSlices):
-        accumulator.assign_add(tf.cast(g, accumulator.dtype))
+        # A new buffer, not assign_add: after the window's reset the accumulator's buffer is a
+        # shared zeros constant, which an in-place add would first copy.
+        accumulator.assign(accumulator.value() + tf.cast(g, accumulator.dtype))
         return
     values = tf.cast(g.values, accumulator.dtype)
     if distributed:  # a replica-local (ON_READ) variable has no scatter_add
