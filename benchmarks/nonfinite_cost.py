@@ -8,10 +8,11 @@ Usage (repository root, the project's venv):
     python benchmarks/nonfinite_cost.py --rounds 41 --out benchmarks/results/cpu/nonfinite_cost.json
                                               # the committed figures (RESULTS.md shows them)
 
-Three ``fit`` configurations on the benchmark MLP (784-256-256-10, Adam 1e-3, b=16, K=4,
-synthetic data): Keras's ``gradient_accumulation_steps=K``, ``AccumModel`` as shipped, and
-``AccumModel`` traced with the guard's decision replaced by the bare add (no NaN/Inf check, no
-freeze branch: what a ``LossScaleOptimizer``'s micro-step runs; never do this to train). Each
+Four ``fit`` configurations on the benchmark MLP (784-256-256-10, Adam 1e-3, b=16, K=4,
+synthetic data): Keras's ``gradient_accumulation_steps=K``, ``AccumModel`` as shipped (the
+default ``nonfinite="raise"``: each window checked once, at its close), ``AccumModel`` traced
+with that check removed (what a ``LossScaleOptimizer``'s close runs; never do this to train),
+and ``AccumModel`` with ``nonfinite="skip_micro_batch"`` (every micro-batch checked). Each
 round times one epoch of every configuration, in a rotating order; the best-of-N ratio to
 Keras (interference only slows a run) is printed beside the ratio of the medians, and the
 median of the per-round ratios with its 95 % bootstrap interval (the runs of one round share the
@@ -39,7 +40,7 @@ from accumcore.lab import benchmarking as bm  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import suite  # noqa: E402
 
-KINDS = ("keras_ga", "accumcore", "accumcore_unchecked")
+KINDS = ("keras_ga", "accumcore", "accumcore_unchecked", "accumcore_skip_micro_batch")
 ACCUM_STEPS = 4  # K, micro-batches per optimizer update
 MICRO_BATCH = 16  # b, samples per micro-batch
 
@@ -53,7 +54,9 @@ def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
         model = bm.build_model("mlp")
         optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=ACCUM_STEPS)
     else:
-        model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=ACCUM_STEPS)
+        nonfinite = "skip_micro_batch" if kind == "accumcore_skip_micro_batch" else "raise"
+        model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=ACCUM_STEPS,
+                               nonfinite=nonfinite)
         optimizer = keras.optimizers.Adam(1e-3)
     model.compile(optimizer, bm.LOSS, jit_compile=False, steps_per_execution=spe)
     unchecked = kind == "accumcore_unchecked"
@@ -67,13 +70,13 @@ def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, A
     """``{kind: {"best": ratio, "median": ratio, "paired": {...}, "samples_per_s": best rate,
     "seconds": [...]}}``: each kind's throughput over Keras's, as the best-of-``rounds`` ratio,
     the ratio of the medians and the median of the per-round ratios with its 95 % interval
-    (:func:`accumcore.lab.benchmarking.paired_ratio`: each round runs the three fits back to
+    (:func:`accumcore.lab.benchmarking.paired_ratio`: each round runs the four fits back to
     back, so a round's ratio compares runs that shared the machine's state)."""
     x, y = bm.benchmark_data("mlp", samples, "synthetic")
     models = {kind: compiled_model(kind, spe, x, y) for kind in KINDS}
     seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
     for r in range(rounds):
-        for kind in KINDS[r % 3:] + KINDS[:r % 3]:
+        for kind in KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]:
             start = time.perf_counter()
             models[kind].fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
             seconds[kind].append(time.perf_counter() - start)
