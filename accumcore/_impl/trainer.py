@@ -58,8 +58,9 @@ class AccumTrainer:
             ``micro_batch_size`` (K = B / b).
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
-        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
-            :class:`~accumcore.NonFinitePolicy`.
+        nonfinite: ``"raise"`` (default; a window with a NaN or Inf is discarded whole and
+            raises), ``"skip_window"`` (discarded, training goes on), ``"skip_micro_batch"``
+            (only the bad micro-batches left out) or a :class:`~accumcore.NonFinitePolicy`.
         normalizer: ``"auto"`` (default: the loss's own denominator, read as it runs:
             samples, sample-weight sum or valid elements; no division for ``"sum"``),
             ``"samples"`` or ``"sample_weight"`` (checked against that denominator: a masked
@@ -174,8 +175,8 @@ class AccumTrainer:
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
 
-        Checks for a non-finite gradient after the call (one host read of the state's flag):
-        under ``nonfinite="raise"`` a bad micro-batch raises
+        Checks for a non-finite window after the call (one host read of the state's stop):
+        under ``nonfinite="raise"`` the call that closes a bad window raises
         :class:`~accumcore.NonFiniteGradientError` here. (``fit`` checks once per epoch
         instead, with no host read per micro-batch.)
 
