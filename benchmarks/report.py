@@ -168,9 +168,9 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
              "beside it; the headline cell (mlp b=16 K=4) must reach the first threshold, every "
              "other cell 0.95. Sizes are of `accumcore/` without `lab/`: classes and functions "
              "by line span (docstrings included), code lines without docstrings, comments or "
-             "blank lines. What the per-micro-batch NaN/Inf check (which Keras does not have) "
+             "blank lines. What the once-per-window NaN/Inf check (which Keras does not have) "
              "costs: the table after this one (and, at steps_per_execution 1 and 32, `python "
-             "benchmarks/nonfinite_cost.py`); its graph operations: `tests/test_hot_path.py`.",
+             "benchmarks/nonfinite_cost.py`); graph operations: the ops table below.",
              "",
              "| target | cell | value (best of N) | median ratio | threshold | met |",
              "|---|---|---|---|---|---|"]
