@@ -216,6 +216,56 @@ def accumulate_lm_lines(record: dict[str, Any] | None) -> list[str]:
             f"{record['throughput_ratio_best_of_n']:.3f} | ≥ {record['target']:g} | {verdict} |"]
 
 
+#: Issue 32's targets: AccumModel.fit against Keras's accumulation (paired median, and the
+#: interval's lower end), the graph loop against the minimal accumulator, library code lines.
+RULE_FIT_TARGET, RULE_FIT_LOW, RULE_GRAPH_TARGET, RULE_CODE_LINES = 1.0, 0.95, 0.95, 2900
+
+
+def _rule_targets_lines(results: dict[str, Any]) -> list[str]:
+    """Issue 32's targets, met or missed, from ``nonfinite_cost.json`` (paired fit ratios at
+    steps_per_execution 1 and 32), the breakdown (graph loop over the minimal accumulator,
+    paired per round) and the library's code lines now; the check's measured share beside."""
+    record, rows = results.get("nonfinite_cost"), []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    def cell(p: dict[str, Any]) -> str:
+        return f"{p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}]"
+
+    for spe, kinds in (record or {}).get("by_spe", {}).items():
+        p, q = kinds["accumcore"]["paired"], kinds["accumcore_unchecked"]["paired"]
+        ok = p["median"] >= RULE_FIT_TARGET and p["low"] >= RULE_FIT_LOW
+        extra = ""
+        if "accumcore_skip_micro_batch" in kinds:
+            extra = f"; skip_micro_batch {cell(kinds['accumcore_skip_micro_batch']['paired'])}"
+        rows.append(f"| AccumModel.fit / Keras, steps_per_execution={spe} | {cell(p)} "
+                    f"(best of N {kinds['accumcore']['best']:.3f}) | >= {RULE_FIT_TARGET:g}, "
+                    f"low >= {RULE_FIT_LOW:g} | {verdict(ok)} | without the check {cell(q)}"
+                    f"{extra} |")
+    by = {(r["model"], r["variant"]): r for r in results.get("breakdown") or []}
+    for model in dict.fromkeys(m for m, _ in by):
+        if (model, "optimizer") not in by or (model, "accumcore") not in by:
+            continue
+        minimal = by[(model, "optimizer")]["seconds"]
+        p = bm.paired_ratio(minimal, by[(model, "accumcore")]["seconds"])
+        q = bm.paired_ratio(minimal, by[(model, "accumcore_unchecked")]["seconds"]) \
+            if (model, "accumcore_unchecked") in by else None
+        rows.append(f"| graph loop / minimal accumulator, {model} | {cell(p)} | >= "
+                    f"{RULE_GRAPH_TARGET:g} | {verdict(p['median'] >= RULE_GRAPH_TARGET)} | "
+                    f"without the check {cell(q) if q else 'n/a'} |")
+    lines = bm.code_size()["code_lines"][0]
+    rows.append(f"| library code lines (`accumcore/` without `lab/`) | {lines:,} | <= "
+                f"{RULE_CODE_LINES:,} | {verdict(lines <= RULE_CODE_LINES)} | measured now |")
+    if not rows:
+        return ["(not measured)"]
+    return ["Paired per-round ratios (median [95 % interval]) from `benchmarks/nonfinite_cost.py` "
+            "and the breakdown; the last column is what each figure would be without the "
+            "once-per-window NaN/Inf check (a diagnostic), so the difference is the check's share "
+            "of a miss.", "", "| target | measured | target | | beside |",
+            "|---|---|---|---|---|", *rows]
+
+
 def _paired_cost_lines(record: dict[str, Any] | None) -> list[str]:
     """``benchmarks/nonfinite_cost.py``'s figures: ``AccumModel.fit`` over Keras's accumulation
     with and without the check, as paired per-round ratios with their 95 % intervals."""
@@ -596,6 +646,8 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         lines += _targets_section(results) + ["", "### A step as lean as Keras's (issue 19)",
                                               ""]
         lines += _lean_section(results) + [""]
+        lines += ["### The rule resolved once (issue 32)", ""] + _rule_targets_lines(results)
+        lines += [""]
         if results.get("accumulate_lm"):
             lines += ["### A pretrained model's fit: `accumulate` against Keras's accumulation",
                       ""] + accumulate_lm_lines(results["accumulate_lm"]) + [""]
