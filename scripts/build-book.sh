@@ -25,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 
 jupyter-book build . -W -n --keep-going
-python scripts/check_prose_numbers.py _build/jupyter_execute/book  # every quoted number shown
+python scripts/check_prose_numbers.py _build/jupyter_execute/book  # numbers shown, comparisons computed
 sleep 1  # let the follower print the last progress line
 echo "== book built in $(( $(date +%s) - start )) s ($mode mode)"
 echo "== open $ROOT/_build/html/index.html"

@@ -7,7 +7,9 @@
 #       cells assert each claim). nbval itself runs on the Colab stack (scripts/test-stacks.sh),
 #       so each notebook is executed once per stack;
 #   (b') every number a notebook's prose quotes is printed, glued or set in a visible cell of
-#       that page (scripts/check_prose_numbers.py over the build's executed notebooks);
+#       that page, and every comparison word about a measurement ("faster", "a tie", "grew")
+#       is computed and glued, not written (scripts/check_prose_numbers.py over the build's
+#       executed notebooks; its ALLOWED_COMPARISONS lists definitions and asserted claims);
 #   (c) headless Chromium opens every built page: page exists, images load, MathJax renders
 #       (offline, vendored), Colab launch links are right (scripts/browser_check.py; it uses
 #       an installed Chromium or Chrome, and skips only with ACCUMCORE_SKIP_BROWSER=1 outside CI).
@@ -34,7 +36,7 @@ rm -rf _build
 jupyter-book build . -W -n --keep-going
 echo "== book (b) passed in $(( $(date +%s) - t )) s"
 
-echo "== book (b'): every number in a notebook's prose is shown on its page"
+echo "== book (b'): every number in a notebook's prose is shown on its page, every comparison computed"
 python scripts/check_prose_numbers.py _build/jupyter_execute/book
 
 echo "== book (c): browser test (headless Chromium)"

@@ -1,4 +1,5 @@
-"""scripts/check_prose_numbers.py: a number in a notebook's prose must be shown on its page."""
+"""scripts/check_prose_numbers.py: a number in a notebook's prose must be shown on its page, and
+a comparison word about a measurement must be computed (glued), not written."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ _spec = importlib.util.spec_from_file_location(
     "check_prose_numbers.py")
 checker = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(checker)
+BOOK = Path(__file__).resolve().parents[1] / "book"
 
 
 def _page(markdown: str, output: str = "", code: str = "", tags: tuple = ()) -> dict:
@@ -60,3 +62,73 @@ def test_main_fails_with_one_line_per_number(tmp_path, capsys):
     assert "page: '0.45' in the prose, shown by no output" in capsys.readouterr().out
     (tmp_path / "page.ipynb").write_text(json.dumps(_page("a 0.25 b", "0.25")))
     assert checker.main([str(tmp_path)]) == 0
+
+
+# ------------------------------------------------------------------ comparison words
+
+
+def test_an_uncomputed_comparison_word_fails_with_its_sentence():
+    page = _page("The data are MNIST. accumcore's fit is faster than Keras's, here.\n\n"
+                 "* Adam and SGD tie.")
+    assert checker.uncomputed_comparisons(page, {}) == [
+        "'faster' in: accumcore's fit is faster than Keras's, here.",
+        "'tie' in: * Adam and SGD tie.",
+    ]
+
+
+def test_a_glued_comparison_word_passes():
+    page = _page("{glue:text}`fit_takeaway`: the fit ran at {glue:text}`ratio:.2f` x.",
+                 code="glue('fit_takeaway', 'faster' if ratio > 1 else 'slower')",
+                 tags=("remove-cell",))
+    assert checker.uncomputed_comparisons(page, {}) == []
+
+
+def test_words_in_code_math_roles_and_link_targets_are_not_prose():
+    page = _page("`better_lr`, $a$ $\\text{faster}$, {doc}`the tie <tie>` and [x](grew.md): "
+                 "nothing is compared; the threshold is the tie threshold.")
+    assert checker.uncomputed_comparisons(page, {}) == []
+
+
+def test_comparisons_in_an_exercise_answer_and_a_table_are_found():
+    page = _page("```{admonition} Answer\n:class: dropdown\nThe loss fell.\n```\n\n"
+                 "| a | b |\n|---|---|\n| one batch | costs far more |")
+    assert checker.uncomputed_comparisons(page, {}) == [
+        "'fell' in: The loss fell.", "'costs far more' in: | one batch | costs far more |"]
+
+
+def test_the_allow_list_admits_a_definition_and_fails_when_stale():
+    page = _page("Two accuracies closer than the threshold are a tie.")
+    assert checker.uncomputed_comparisons(page, {"are a tie": "defines the noise rule"}) == []
+    assert checker.uncomputed_comparisons(page, {"are a tie": "defines the noise rule",
+                                                 "gone sentence": "a definition"}) == [
+        "allowed comparison matches no sentence: 'gone sentence'"]
+
+
+def test_an_asserted_allowance_needs_its_assertion_on_the_page():
+    allowed = {"weights match": "asserted: `assert rel <= 1e-4`"}
+    asserted = _page("The weights match to round-off.", code="assert rel <= 1e-4")
+    assert checker.uncomputed_comparisons(asserted, allowed) == []
+    unasserted = _page("The weights match to round-off.", code="print(rel)")
+    assert checker.uncomputed_comparisons(unasserted, allowed) == [
+        "allowed comparison 'weights match': no code cell holds 'assert rel <= 1e-4'"]
+
+
+def test_main_fails_on_an_uncomputed_comparison(tmp_path, capsys):
+    (tmp_path / "page.ipynb").write_text(json.dumps(_page("Batch 16 did better.", "x")))
+    assert checker.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "page: 'better' in: Batch 16 did better." in out and "1 uncomputed comparisons" in out
+    (tmp_path / "page.ipynb").write_text(json.dumps(_page("Batch 16 {glue:text}`verdict`.")))
+    assert checker.main([str(tmp_path)]) == 0
+
+
+def test_every_page_of_the_book_computes_its_comparison_words():
+    # The words live in the markdown, so the sources show them without a build.
+    notebooks = sorted(BOOK.glob("*.ipynb"))
+    assert len(notebooks) >= 8
+    problems = [f"{path.stem}: {problem}" for path in notebooks
+                for problem in checker.uncomputed_comparisons(
+                    json.loads(path.read_text(encoding="utf-8")),
+                    checker.ALLOWED_COMPARISONS.get(path.stem, {}))]
+    assert not problems, "\n".join(problems)
+    assert set(checker.ALLOWED_COMPARISONS) <= {path.stem for path in notebooks}
