@@ -3,17 +3,31 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
+import json
 import os
+import re
+from pathlib import Path
 
 import keras
 import numpy as np
 import pytest
 
 import accumcore as ac
-import accumcore.lab.data  # noqa: F401
+import accumcore.lab
+import accumcore.lab.benchmarking
+import accumcore.lab.book
+import accumcore.lab.data
+import accumcore.lab.devices
+import accumcore.lab.experiments
+import accumcore.lab.memory_stats
+import accumcore.lab.pitfalls
+import accumcore.lab.plotting
+import accumcore.lab.sequences  # noqa: F401
 from accumcore.lab.data import MNIST, MNIST_PATH_ENV, load_mnist
 
 SHARED_MNIST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist.npz")
+BOOK = Path(__file__).resolve().parents[1] / "book"
 SHARED_SHA256 = "06af5dfe73b70e3bc1c36439982b18a8d76803db9b544f6fdf838a37fbb01b64"
 
 
@@ -68,7 +82,7 @@ def test_offline_fallback_reads_the_real_mnist_and_reports_it(monkeypatch, capsy
     monkeypatch.setenv(MNIST_PATH_ENV, SHARED_MNIST)
     data = load_mnist()
     assert data.source.startswith("file:") and data.source.endswith("mnist.npz")
-    assert "MNIST loaded from file:" in capsys.readouterr().out
+    assert "MNIST loaded from the local file" in capsys.readouterr().out
     assert data.x_train.shape == (60000, 28, 28) and data.x_test.shape == (10000, 28, 28)
     assert data.y_train[:10].tolist() == [5, 0, 4, 1, 9, 2, 1, 3, 1, 4]
     assert data.y_test[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
@@ -84,26 +98,80 @@ def test_preprocess_and_subset():
     assert len(ac.lab.data.subset(data, 2, 1).x_train) == 2
 
 
-@pytest.mark.skipif(not os.path.isfile(SHARED_MNIST), reason="../shared/data/mnist.npz absent")
-def test_quiet_hides_the_failed_download_and_the_directory(monkeypatch, capsys):
+def _noisy_offline(monkeypatch):
+    """What Keras does without internet: print its download attempt, then fail."""
     def noisy_fail():
         print("Downloading data from https://storage.googleapis.com/.../mnist.npz")
         raise OSError("simulated: no internet")
 
     monkeypatch.setattr(keras.datasets.mnist, "load_data", noisy_fail)
+
+
+@pytest.mark.skipif(not os.path.isfile(SHARED_MNIST), reason="../shared/data/mnist.npz absent")
+def test_by_default_it_says_which_file_and_why_and_verbose_false_prints_nothing(monkeypatch,
+                                                                                  capsys):
+    _noisy_offline(monkeypatch)
     monkeypatch.setenv(MNIST_PATH_ENV, SHARED_MNIST)
-    data = load_mnist(quiet=True)
+    data = load_mnist()  # interactive use: Keras's line, then where the data came from and why
     out = capsys.readouterr().out
-    assert "Downloading" not in out and os.path.dirname(os.path.abspath(SHARED_MNIST)) not in out
-    assert "local copy, mnist.npz" in out  # still says which source was used
-    assert data.source == "file:" + os.path.abspath(SHARED_MNIST)  # the full path is kept
-    load_mnist()  # without quiet: Keras's line and the full path are shown
-    out = capsys.readouterr().out
-    assert "Downloading" in out and os.path.abspath(SHARED_MNIST) in out
+    assert "Downloading" in out
+    assert (f"MNIST loaded from the local file {os.path.abspath(SHARED_MNIST)} "
+            "(keras.datasets.mnist.load_data() failed: OSError)") in out
+    assert data.source == "file:" + os.path.abspath(SHARED_MNIST)
+    quiet = load_mnist(verbose=False)  # the book's pages: nothing at all
+    assert capsys.readouterr().out == ""
+    assert quiet.source == data.source and quiet.y_train[:3].tolist() == [5, 0, 4]
 
 
-def test_quiet_still_raises_when_no_source_works(monkeypatch):
+def test_the_keras_source_is_said_too_and_verbose_false_hides_its_download(monkeypatch, capsys):
+    tiny = ((np.zeros((2, 28, 28), "uint8"), np.array([1, 2], "uint8")),
+            (np.zeros((1, 28, 28), "uint8"), np.array([3], "uint8")))
+
+    def download():
+        print("Downloading data from https://storage.googleapis.com/.../mnist.npz")
+        return tiny
+
+    monkeypatch.setattr(keras.datasets.mnist, "load_data", download)
+    load_mnist()
+    out = capsys.readouterr().out
+    assert "Downloading" in out and "MNIST loaded from keras.datasets.mnist" in out
+    assert load_mnist(verbose=False).source == "keras"
+    assert capsys.readouterr().out == ""
+
+
+def test_errors_are_raised_whatever_verbose_says(monkeypatch):
     _offline(monkeypatch)
     monkeypatch.delenv(MNIST_PATH_ENV, raising=False)
-    with pytest.raises(RuntimeError, match=MNIST_PATH_ENV):
-        load_mnist(quiet=True)
+    for verbose in (True, False):
+        with pytest.raises(RuntimeError, match=MNIST_PATH_ENV):
+            load_mnist(verbose=verbose)
+
+
+def test_the_lab_spells_its_quiet_option_one_way():
+    # `verbose` (as Keras's fit), never `quiet` or `silent`, in every public lab function.
+    modules = [getattr(accumcore.lab, name) for name in
+               ("benchmarking", "book", "data", "devices", "experiments", "memory_stats",
+                "pitfalls", "plotting", "sequences")]
+    other = [f"{module.__name__}.{name}({param})" for module in modules
+             for name, function in vars(module).items()
+             if inspect.isfunction(function) and not name.startswith("_")
+             and function.__module__ == module.__name__
+             for param in inspect.signature(function).parameters
+             if param in ("quiet", "silent", "silence", "show_output")]
+    assert other == []
+    assert "verbose" in inspect.signature(load_mnist).parameters
+
+
+def test_the_books_pages_load_mnist_quietly_and_chapter_1_says_the_source():
+    calls, pages = [], sorted(BOOK.glob("*.ipynb"))
+    for page in pages:
+        cells = json.loads(page.read_text(encoding="utf-8"))["cells"]
+        for cell in cells:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code":
+                calls += [(page.stem, call) for call in re.findall(r"load_mnist\([^)]*\)", source)]
+    assert len({stem for stem, _ in calls}) >= 8
+    assert [(stem, call) for stem, call in calls if "verbose=False" not in call] == []
+    chapter_1 = "".join("".join(c["source"]) for c in json.loads(
+        (BOOK / "01_eager_loop.ipynb").read_text(encoding="utf-8"))["cells"])
+    assert '"mnist_source"' in chapter_1 and "{glue:text}`mnist_source`" in chapter_1

@@ -4,7 +4,7 @@
 downloaded once, cached under ``~/.keras/datasets``). When that fails (no internet), it reads
 a local ``mnist.npz`` in Keras's own layout, from the ``path`` argument or the environment
 variable ``ACCUMCORE_MNIST_PATH``. It never substitutes other data: if neither source works, it
-raises an error naming both.
+raises an error naming both. It prints which source it used (``verbose=False``: nothing).
 """
 
 from __future__ import annotations
@@ -57,18 +57,17 @@ def _read_npz(path: str) -> dict[str, np.ndarray]:
     return arrays
 
 
-def load_mnist(path: str | None = None, *, verbose: bool = True, quiet: bool = False) -> MNIST:
+def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
         path: a local ``mnist.npz`` to use when the Keras download fails. Defaults to the
             ``ACCUMCORE_MNIST_PATH`` environment variable.
-        verbose: print which source was used; ``False`` prints nothing (Keras's download
-            line included).
-        quiet: for pages that readers read (the book): hide what Keras prints while it tries
-            the download (e.g. the "Downloading data from ..." line of a failed attempt) and,
-            when ``verbose``, name a local file by its file name only, not its directory.
-            The source is still said; errors are raised exactly as without ``quiet``.
+        verbose: print one line saying which source was used (for a local file, its full path
+            and why the download was not used), after whatever Keras prints while it
+            downloads. ``False`` prints nothing, Keras's download lines included: the book's
+            pages load it so, and chapter 1 states the source of the build once, from
+            ``MNIST.source``. Errors are raised either way.
 
     Returns:
         An :class:`MNIST` with uint8 arrays and ``source``.
@@ -79,12 +78,13 @@ def load_mnist(path: str | None = None, *, verbose: bool = True, quiet: bool = F
     try:
         import keras
 
-        if quiet or not verbose:  # Keras prints its download attempt; a reader need not see it
+        if verbose:
+            (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
+        else:  # Keras prints its download attempt ("Downloading data from ...")
             with contextlib.redirect_stdout(io.StringIO()):
                 (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
-        else:
-            (x_train, y_train), (x_test, y_test) = keras.datasets.mnist.load_data()
         data = MNIST(x_train, y_train, x_test, y_test, source="keras")
+        where = "keras.datasets.mnist (download/cache)"
     except Exception as download_error:  # noqa: BLE001 - any failure falls back to the file
         local = path or os.environ.get(MNIST_PATH_ENV)
         if not local:
@@ -101,13 +101,9 @@ def load_mnist(path: str | None = None, *, verbose: bool = True, quiet: bool = F
             ) from download_error
         arrays = _read_npz(local)
         data = MNIST(**arrays, source=f"file:{os.path.abspath(local)}")
+        where = (f"the local file {os.path.abspath(local)} (keras.datasets.mnist.load_data() "
+                 f"failed: {type(download_error).__name__})")
     if verbose:
-        if data.source == "keras":
-            where = "keras.datasets.mnist (download/cache)"
-        elif quiet:
-            where = f"a local copy, {os.path.basename(data.source)} (no download)"
-        else:
-            where = data.source
         print(f"MNIST loaded from {where}: {len(data.x_train)} train, {len(data.x_test)} test")
     return data
 
