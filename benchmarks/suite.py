@@ -551,20 +551,20 @@ BREAKDOWN_REFERENCES = ("adam_each", "fit_keras_ga", "fit_unchecked", "fit_accum
 
 @contextlib.contextmanager
 def without_nonfinite_check() -> Iterator[None]:
-    """Trace accumcore with the window's non-finite check removed (``rule.finite_flags``
-    returns no flags: what a ``LossScaleOptimizer``'s close runs on one device): what the check
+    """Trace accumcore with the window's non-finite check removed (``rule.window_nonfinite``
+    always says finite: what a ``LossScaleOptimizer``'s close runs on one device): what the check
     costs, measured. A diagnostic only: never train like this."""
-    check = rule.finite_flags
-    rule.finite_flags = unchecked
+    check = rule.window_nonfinite
+    rule.window_nonfinite = unchecked
     try:
         yield
     finally:
-        rule.finite_flags = check
+        rule.window_nonfinite = check
 
 
 def unchecked(sums) -> tf.Tensor:
-    """No non-finite flags: the window is never found bad."""
-    return tf.zeros((0,), tf.float32)
+    """The window is never found non-finite."""
+    return tf.constant(0.0)
 
 
 def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,

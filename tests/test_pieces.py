@@ -105,20 +105,20 @@ def test_a_dropped_window_is_not_counted_as_skipped():
 
 
 def test_stop_records_the_first_bad_window_only_and_clears():
-    stop, window, counters = _stop(), _window(), _counters()
+    stop, window, counters = _stop(), _window(((2, 3), (4,), (5,))), _counters()
     assert not bool(stop.stopped) and stop.error(["a", "b", "c"], 4) is None
     window.micro_step.assign(2)
     counters.micro_batches_seen.assign(6)
     counters.windows_applied.assign(2)
     # variables 0 and 2 have gradients; the sum of variable 2 is not finite
-    assert bool(stop.verdict(tf.constant(True), window, counters, [0, 2],
-                             tf.constant([0.0, 1.0])))
+    window.accumulators[2].assign([1.0, np.nan, 0.0, 0.0, 0.0])
+    stop.record(tf.constant(True), window, counters, [0, 2])
     assert bool(stop.stopped)
     counters.micro_batches_seen.assign(9)
     counters.windows_skipped.assign(1)
-    # a clean window while stopped is skipped too, and does not overwrite the record
-    assert bool(stop.verdict(tf.constant(False), window, counters, [0, 2],
-                             tf.constant([1.0, 0.0])))
+    # a later bad window while stopped does not overwrite the record
+    window.accumulators[0].assign(tf.fill((2, 3), np.inf))
+    stop.record(tf.constant(True), window, counters, [0, 2])
     error = stop.error(["a", "b", "c"], 9, epoch=3)
     assert (error.window, error.first_micro_step, error.micro_batches) == (2, 4, 2)
     assert error.variable == "c" and error.unused_micro_batches == 3
@@ -126,5 +126,18 @@ def test_stop_records_the_first_bad_window_only_and_clears():
     assert stop.clear()
     assert not bool(stop.stopped) and stop.error(["a", "b", "c"], 9) is None
     assert not stop.clear()
-    assert not bool(stop.verdict(tf.constant(False), window, counters, [0, 2],
-                                 tf.constant([0.0, 0.0])))
+    stop.record(tf.constant(False), window, counters, [0, 2])
+    assert not bool(stop.stopped)  # a window skipped for another reason (empty) is not bad
+
+
+def test_plan_skips_every_window_while_stopped():
+    """``"raise"``: after a bad window, a clean full window is skipped too, and counted."""
+    stop, window, counters = _stop(), _window(), _counters()
+    stop.record_variable.assign([0, 0, 1, -1])
+    plan = rule.plan(NONFINITE["raise"], None, ONE_REPLICA, stop)
+    rule.add(window, counters, plan, [tf.ones((2, 3)), tf.ones(4)], tf.constant(2.0),
+             tf.constant(2, tf.int64), False)
+    applied = rule.close(window, counters, plan, None, [], True, [])
+    assert not bool(applied)
+    assert int(counters.windows_skipped.numpy()) == 1
+    assert int(counters.samples_dropped.numpy()) == 2

@@ -83,6 +83,6 @@ def test_hot_path_functions_convert():
     raises where it would have warned)."""
     from accumcore._impl import distribute, rule
 
-    for function in (rule._nothing, rule._admit_all, rule._no_check, rule._skip_bad,
+    for function in (rule._nothing, rule._admit_all, rule._no_check, rule._never,
                      distribute.Replicas.forget, distribute.Replicas.require_replica_context):
         tf.autograph.to_graph(function)

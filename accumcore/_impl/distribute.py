@@ -15,7 +15,7 @@ It then calls ``merge_call`` **unconditionally**; whether the window is full is 
 When the window is full (a ``tf.cond`` in cross-replica context), ``accumcore._impl.rule.close``
 closes it, asking :class:`StrategyReplicas` for two steps:
 
-1. every replica reports its status ``[weight, poisoned, samples, non-finite flags]``, stacked
+1. every replica reports its status ``[weight, poisoned, samples, non-finite]``, stacked
    as one float32 vector (:meth:`StrategyReplicas.reduce_window`);
 2. **one** batched all-reduce (SUM) gives the global window weight ``W = sum_i c_i`` and flags
    (when the optimizer clips gradients, the window's gradient sums travel in the same batch);
@@ -206,14 +206,13 @@ class StrategyReplicas(Replicas):
             sums = [window.accumulators[i].read_value() for i in present]
             counts = [window.weight.read_value(), window.poisoned.read_value(),
                       window.samples.read_value()]
-            status = tf.concat([tf.stack([tf.cast(c, tf.float32) for c in counts]),
-                                check(sums)], 0)
+            status = tf.stack([*(tf.cast(c, tf.float32) for c in counts), check(sums)])
             return [status, *(sums if prereduce else [])]
 
         per_replica = self.strategy.run(local_status)
         reduced = self.strategy.extended.batch_reduce_to(_SUM, [(v, v) for v in per_replica])
         status = self.first(reduced[0])
-        return status[0], status[1], status[2], status[3:], reduced[1:]
+        return status[0], status[1], status[2], status[3], reduced[1:]
 
     def on_replicas(self, update: Callable, sums: list) -> tf.Tensor:
         """Step 3: ``update`` back in replica context; with reduced ``sums`` (clipping),

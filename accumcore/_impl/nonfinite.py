@@ -95,36 +95,36 @@ class Stop:
     """
 
     def __init__(self, record: tf.Variable, parts: Callable[[tf.Variable], tuple]) -> None:
-        self.record = record
+        self.record_variable = record
         self._parts = parts
 
     @property
     def stopped(self) -> tf.Tensor:
         """Whether a bad window stopped training (a bool scalar tensor)."""
-        return self.record[0] >= 0
+        return self.record_variable[0] >= 0
 
-    def verdict(self, bad: tf.Tensor, window, counters, present: Sequence[int],
-                nonfinite: tf.Tensor) -> tf.Tensor:
-        """Whether a closing window is skipped: it is ``bad`` or training is stopped. The first
-        bad window is recorded (``nonfinite``: the flags of its sums, in ``present`` order)."""
-        stopped = self.stopped
+    def record(self, bad: tf.Tensor, window, counters, present: Sequence[int]) -> None:
+        """At a skipped window's close: record it if it is ``bad`` and the first since the
+        stop was cleared, with its first non-finite variable (one sum of each accumulator in
+        ``present``: this runs only when a window is skipped)."""
+        flags = [tf.logical_not(tf.math.is_finite(element_sum(window.accumulators[i].value())))
+                 for i in present]
         first = tf.constant(-1, tf.int64)
         if present:
-            index = tf.gather(tf.constant(present, tf.int64), tf.argmax(nonfinite))
-            first = tf.where(tf.reduce_any(nonfinite > 0), index, first)
+            index = tf.gather(tf.constant(present, tf.int64), tf.argmax(tf.cast(flags, tf.int32)))
+            first = tf.where(tf.reduce_any(flags), index, first)
         micro_step = tf.cast(window.micro_step.value(), tf.int64)
         where = tf.stack([counters.windows_applied + counters.windows_skipped,
                           counters.micro_batches_seen - micro_step, micro_step, first])
-        fresh = tf.logical_and(bad, tf.logical_not(stopped))
-        for part in self._parts(self.record):
+        fresh = tf.logical_and(bad, tf.logical_not(self.stopped))
+        for part in self._parts(self.record_variable):
             part.assign(tf.where(fresh, where, part.value()))
-        return tf.logical_or(bad, stopped)
 
     def error(self, names: Sequence[str], micro_batches_seen: int,
               epoch: int | None = None) -> NonFiniteGradientError | None:
         """The error for a stopped run (``None`` if not stopped); read from Python.
         ``names``: the trainable variables' names; ``micro_batches_seen``: the run's count."""
-        window, first, count, index = (int(v) for v in self._parts(self.record)[0].numpy())
+        window, first, count, index = (int(v) for v in self._parts(self.record_variable)[0].numpy())
         if window < 0:
             return None
         unused = micro_batches_seen - first - count
@@ -147,10 +147,10 @@ class Stop:
 
     def clear(self) -> bool:
         """Clear the stop (from Python). Returns whether training was stopped."""
-        stopped = int(self._parts(self.record)[0].numpy()[0]) >= 0
+        stopped = int(self._parts(self.record_variable)[0].numpy()[0]) >= 0
         if stopped:
             logger.warning("accumcore: cleared the non-finite gradient stop; training goes on "
                            "with the next micro-batches.")
-            for part in self._parts(self.record):
+            for part in self._parts(self.record_variable):
                 part.assign([-1, -1, -1, -1])
         return stopped

@@ -61,11 +61,12 @@ class Plan:
         admit: ``admit(grads, weight, accept, flag) -> bool scalar``: runs ``accept()`` (add
             the micro-batch) or, if a per-micro-batch check flags it, ``flag()``.
         poison_window: whether ``flag`` condemns the window (else only the micro-batch goes).
-        check: ``check(sums) -> float32 vector``, 1 per window sum found non-finite at the
-            close (empty: the window is not checked there).
-        verdict: ``verdict(bad, window, counters, present, nonfinite) -> bool scalar``,
-            whether a window is skipped (``"raise"``: a bad one also stops the run, and every
-            window after it is skipped until the stop is cleared).
+        check: ``check(sums) -> float32 scalar``, 1 if the window's sums are not all finite
+            at the close, else 0 (always 0: the window is not checked there).
+        stopped: ``stopped() -> bool scalar``: training is stopped (``"raise"``, after a bad
+            window: every window is skipped until the stop is cleared).
+        on_skip: ``on_skip(bad, window, counters, present)``, run only when a window is
+            skipped (``"raise"``: the first bad window is recorded there).
         update: ``update(optimizer, variables, grads) -> bool scalar``, the window's one
             optimizer update (whether it was applied).
         after_update: ``after_update(optimizer, applied)``, run after every closed window.
@@ -75,7 +76,8 @@ class Plan:
     admit: Callable
     poison_window: bool
     check: Callable
-    verdict: Callable
+    stopped: Callable
+    on_skip: Callable
     update: Callable
     after_update: Callable
     replicas: object
@@ -113,9 +115,13 @@ def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: 
     present = [i for i, has in enumerate(window.with_gradient) if has]
     weight, poisoned, samples, nonfinite, sums = plan.replicas.reduce_window(
         window, present, plan.check, optimizer)
-    bad = tf.reduce_any([poisoned > 0, tf.logical_not(tf.math.is_finite(weight)),
-                         tf.reduce_any(nonfinite > 0)])
-    skip = tf.logical_or(plan.verdict(bad, window, counters, present, nonfinite), samples <= 0)
+    bad = tf.logical_or(tf.logical_or(poisoned > 0, nonfinite > 0),
+                        tf.logical_not(tf.math.is_finite(weight)))
+    skip = tf.logical_or(tf.logical_or(bad, samples <= 0), plan.stopped())
+
+    def skipped() -> tf.Tensor:
+        plan.on_skip(bad, window, counters, present)
+        return tf.constant(False)
 
     def apply_mean(*shares) -> tf.Tensor:
         totals = shares or [window.accumulators[i].value() for i in present]
@@ -125,8 +131,7 @@ def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: 
             grads[i] = total * tf.cast(scale, total.dtype) if normalize else total
         return plan.update(optimizer, variables, grads)
 
-    applied = tf.cond(skip, lambda: tf.constant(False),
-                      lambda: plan.replicas.on_replicas(apply_mean, sums))
+    applied = tf.cond(skip, skipped, lambda: plan.replicas.on_replicas(apply_mean, sums))
     plan.after_update(optimizer, applied)
     return end(window, counters, plan.replicas, applied, hooks)
 
@@ -207,11 +212,11 @@ def _admit_unless(should_skip: Callable) -> Callable:
 
 
 def _no_check(sums: Sequence) -> tf.Tensor:
-    return tf.zeros((0,), tf.float32)
+    return tf.constant(0.0)
 
 
-def _skip_bad(bad: tf.Tensor, *_where) -> tf.Tensor:
-    return bad
+def _never() -> tf.Tensor:
+    return tf.constant(False)
 
 
 def plan(policy: NonFinitePolicy, optimizer, replicas, stop) -> Plan:
@@ -226,22 +231,24 @@ def plan(policy: NonFinitePolicy, optimizer, replicas, stop) -> Plan:
     """
     if loss_scaling.is_loss_scale_optimizer(optimizer):
         if not replicas.distributed:
-            return Plan(_admit_all, False, _no_check, _skip_bad, apply_update, _nothing,
+            return Plan(_admit_all, False, _no_check, _never, _nothing, apply_update, _nothing,
                         replicas)
-        return Plan(_admit_all, False, finite_flags, _skip_bad, _apply_unscaled,
+        return Plan(_admit_all, False, window_nonfinite, _never, _nothing, _apply_unscaled,
                     loss_scaling.update_scale, replicas)
     admit = _admit_all if policy.should_skip is None else _admit_unless(policy.should_skip)
     return Plan(admit, policy.skip_window or policy.freeze,
-                finite_flags if policy.should_skip is None else _no_check,
-                stop.verdict if policy.freeze else _skip_bad, apply_update, _nothing, replicas)
+                window_nonfinite if policy.should_skip is None else _no_check,
+                (lambda: stop.stopped) if policy.freeze else _never,
+                stop.record if policy.freeze else _nothing, apply_update, _nothing, replicas)
 
 
-def finite_flags(sums: Sequence[tf.Tensor]) -> tf.Tensor:
-    """float32 vector, 1 where a sum's elements are not all finite (``element_sum``: a NaN,
-    an Inf, or elements summing beyond the float range), else 0."""
+def window_nonfinite(sums: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float32 scalar: 1 if an element of the window's ``sums`` is NaN or Inf, or their
+    elements add up beyond the float range (``element_sum``: NaN and Inf propagate through the
+    sums, so one finite total proves every element finite), else 0."""
     if not sums:
-        return tf.zeros((0,), tf.float32)
+        return tf.constant(0.0)
     totals = [element_sum(s) for s in sums]
     if len({t.dtype for t in totals}) > 1:
         totals = [tf.cast(t, tf.float64) for t in totals]
-    return tf.cast(tf.logical_not(tf.math.is_finite(tf.stack(totals))), tf.float32)
+    return tf.cast(tf.logical_not(tf.math.is_finite(tf.add_n(totals))), tf.float32)
