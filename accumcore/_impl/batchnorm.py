@@ -96,7 +96,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         * not attached, or ``training`` falsy, or ``trainable=False``: stock BatchNormalization;
         * attached and training: normalises with the micro-batch moments (as stock BN does),
           pools them into the window state and leaves the moving statistics alone until
-          :meth:`close_window` runs (registered in the state's ``window_hooks``).
+          ``close_window`` runs (registered in the state's ``window_hooks``).
 
     A micro-batch whose moments are not finite (NaN/Inf activations) is left out of the window
     moments, so one bad micro-batch cannot poison the moving statistics.
@@ -152,7 +152,7 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         return self._attached_states > 0
 
     def attach(self, state) -> None:
-        """Register :meth:`close_window` in ``state.window_hooks`` (idempotent).
+        """Register ``close_window`` in ``state.window_hooks`` (idempotent).
 
         Args:
             state: an :class:`~accumcore.AccumulationState` (anything with a ``window_hooks``
