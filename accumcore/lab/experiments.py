@@ -961,7 +961,7 @@ def batchnorm_rule(stock: SeedComparison, window: SeedComparison) -> tuple[str, 
     keeps the large batch's moving statistics, so window BN against the target measures the
     *normalisation* gap (each micro-batch normalised with its own moments), and stock against
     window BN the *statistics* gap. Returns ``(case, recommendation)``, ``case`` one of
-    :data:`BATCHNORM_CASES`:
+    ``BATCHNORM_CASES``:
 
     * ``"window"``: window BN is within the noise of the target and stock BN is not: use
       WindowBatchNormalization (``convert_batchnorm``);
