@@ -536,7 +536,7 @@ def _explanation(results: dict[str, Any]) -> list[str]:
         f"{met('(4)/(3) fit vs Keras accumulation')}). Both run one forward+backward pass "
         "per `train_step` and add the "
         "gradients into accumulators. accumcore also computes the micro-batch weight, checks "
-        "every gradient for NaN/Inf and keeps a sample-weighted loss tracker (the non-finite "
+        "each window's gradients for NaN/Inf once and keeps a sample-weighted loss tracker (the non-finite "
         "flag is read on the host once per epoch, not per step); in return it is exact for "
         "ragged windows, where Keras's mean of K micro-batch means is not.",
         "",
@@ -731,8 +731,8 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         f"* *(4)/(3)*, `AccumModel.fit` over `fit` with Keras's `gradient_accumulation_steps`: "
         f"{span('fit_vs_keras')} at `steps_per_execution=1`, {span('fit_vs_keras_spe')} at "
         f"{spe}. Both run one forward and backward pass per `train_step` and add the gradients "
-        "into accumulators; accumcore also weighs each micro-batch, checks every gradient for "
-        "NaN/Inf and keeps a sample-weighted loss, and in return is exact for ragged windows, "
+        "into accumulators; accumcore also weighs each micro-batch, checks each window's "
+        "gradients for NaN/Inf once and keeps a sample-weighted loss, and in return is exact for ragged windows, "
         "where Keras's mean of K micro-batch means is not. With `jit_compile=True` "
         f"`AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed without.",
         f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9)*: "
@@ -752,37 +752,13 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
     ]
 
 
-#: Short names of the accumcore configurations in the reader's ratio table.
-_SHORT_NAMES = {"accum_fit": "(4)", "accum_fit_spe": "(4) at spe=32", "accum_fit_xla": "(4) XLA",
-                "loop_function": "(5) per micro-batch", "loop_graph": "(5) whole epoch",
-                "window": "(6)", "window_xla": "(6) XLA", "eager": "(7)"}
-
-
-def _reader_ratios_table(results: dict[str, Any], plot_prefix: str) -> list[str]:
-    spe = results["settings"].get("large_steps_per_execution")
-
-    def best(name: str | None, value: float | None) -> str:
-        if name is None or value is None:
-            return "—"
-        return f"{_fmt(value)} with {_SHORT_NAMES.get(name, name)}"
-
-    lines = ["#### Ratios", "",
-             "Per cell, the ratios of the summary above, each comparison with the fastest "
-             "configuration it names.", "",
-             f"| cell | (4)/(3) | (4)/(3) at spe={spe} | fastest of (5)/(6) / minimal (9) | "
-             "fastest of (5)/(6) / floor (8) | fastest accumcore / (2) | (2)/(1) "
-             "| floor split / unsplit | fit XLA / fit |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for row in bm.throughput_ratios(results):
-        lines.append(
-            f"| {row['model']} b={row['micro_batch']} K={row['accum_steps']} | "
-            f"{_fmt(row['fit_vs_keras'])} | {_fmt(row.get('fit_vs_keras_spe'))} | "
-            f"{best(row.get('best_vs_minimal'), row.get('vs_minimal'))} | "
-            f"{best(row['best_compiled'], row['vs_floor'])} | "
-            f"{best(row['best_accum'], row['vs_large_batch'])} | "
-            f"{_fmt(row['large_vs_small'])} | {_fmt(row['split_price'])} | "
-            f"{_fmt(row.get('fit_xla_vs_fit'))} |")
-    return lines + ["", f"![ratios]({plot_prefix}ratios.png)", ""]
+def _reader_ratios_plot(plot_prefix: str) -> list[str]:
+    """The per-cell ratios as a plot (RESULTS.md has them as a table)."""
+    return ["#### Ratios per cell", "",
+            "The ratios of the summary above for each (model, b, K) cell, each comparison with "
+            "the fastest configuration it names (the same figures as a table are in "
+            "`benchmarks/RESULTS.md`).", "",
+            f"![ratios]({plot_prefix}ratios.png)", ""]
 
 
 def _reader_ops(results: dict[str, Any]) -> list[str]:
@@ -804,8 +780,8 @@ def _reader_ops(results: dict[str, Any]) -> list[str]:
                 r["entry"]]
     if ours:
         sentence = (f"accumcore's traced functions hold {_span(ours)} times the minimal "
-                    "accumulator's operations (the extra ones weigh each micro-batch and check "
-                    "the gradients for NaN/Inf)")
+                    "accumulator's operations (the extra ones weigh each micro-batch, count "
+                    "its samples and check each window for NaN/Inf)")
         if keras_ga:
             sentence += f", Keras's own accumulating `train_step` {_span(keras_ga)} times"
         lines += ["", sentence + "."]
@@ -926,7 +902,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
                       "Median of the interleaved repeats (± half the range over the repeats, in "
                       "% of the median).", ""]
             lines += _throughput_tables(results, None)
-            lines += _reader_ratios_table(results, prefix)
+            lines += _reader_ratios_plot(prefix)
         lines += ["### Graph operations", ""] + _reader_ops(results) + [""]
         lines += ["### Where the time goes", ""] + _breakdown_section(results)
         if results.get("breakdown"):
