@@ -13,16 +13,12 @@ windows of 3, 3, 3 and 1 micro-batches; 2 epochs.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import keras
 import numpy as np
 import pytest
 from helpers import LOSS, REL_TOL, assert_matches_reference, reference_weights, small_mlp
 
 import accumcore as ac
-from accumcore._impl import building
 
 N, MICRO, K, EPOCHS = 38, 4, 3, 2
 
@@ -136,39 +132,3 @@ def test_nonfinite_raise_names_the_micro_step_under_execution_and_xla(
     initial, ref = reference_weights(make_opt, x, y, None, windows=[np.arange(0, 3 * MICRO)])
     assert_matches_reference(model, initial, ref)
     assert model.accumulation.counters()["windows_applied"] == 1
-
-
-# ---------------------------------------------------------------------------- structure
-def test_traced_train_step_is_within_1_5x_of_a_minimal_accumulator():
-    """The traced ``AccumModel.train_step`` (784-256-256-10 MLP, Adam, default
-    ``nonfinite="raise"``) has at most 1.5x the graph operations of the minimal correct
-    accumulator of ``benchmarks/minimal.py`` (gradient of the summed loss, ``assign_add`` of it
-    and of the weight, a counter, one ``cond`` that applies and zeroes), both counted by
-    ``accumcore.lab.benchmarking.graph_op_count``: the benchmark's own target, held by a test.
-    Catches nested per-micro-batch ``cond`` s (each copies every captured tensor) creeping back
-    into the hot path (it was 2.3x before issue 13)."""
-    import tensorflow as tf
-
-    from accumcore.lab import benchmarking as bm
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    import minimal
-
-    spec = (tf.TensorSpec((None, 784)), tf.TensorSpec((None,), tf.int32))
-
-    def mlp(cls, **kwargs):
-        inputs = keras.Input((784,))
-        h = keras.layers.Dense(256, activation="relu")(inputs)
-        h = keras.layers.Dense(256, activation="relu")(h)
-        return cls(inputs, keras.layers.Dense(10, activation="softmax")(h), **kwargs)
-
-    model = mlp(ac.AccumModel, accum_steps=4)
-    model.compile(keras.optimizers.Adam(1e-3), LOSS)
-    model.build_accumulation()
-    building.build_optimizer(model)
-    ours = bm.graph_op_count(tf.function(model.train_step).get_concrete_function(spec))
-
-    floor_acc = minimal.MinimalAccumulator(mlp(keras.Model), keras.optimizers.Adam(1e-3),
-                                           LOSS, accum_steps=4)
-    floor = bm.graph_op_count(floor_acc.step.get_concrete_function(*spec))
-    assert ours <= 1.5 * floor, f"{ours} graph ops vs {floor} for the minimal accumulator"
