@@ -5,6 +5,8 @@ Usage (repository root, the project's venv):
 
     python benchmarks/profile_step.py                 # steps_per_execution 32, 2048 samples
     python benchmarks/profile_step.py --spe 1 --samples 4096
+    python benchmarks/profile_step.py --samples 4096 --rounds 9 \
+        --out benchmarks/results/cpu/profile_step.json   # the file RESULTS.md reads
 
 The benchmark MLP (784-256-256-10, Adam 1e-3, b=16, K=4, synthetic data) is compiled both ways,
 warmed up, then one epoch of each runs under ``tf.profiler``. The op events of TensorFlow's
@@ -21,7 +23,9 @@ diagnostic, not part of the library).
 from __future__ import annotations
 
 import argparse
+import datetime
 import glob
+import json
 import os
 import re
 import statistics
@@ -133,24 +137,63 @@ def summarize(steps: list[list[OpEvent]], spe: int, top: int = 8) -> dict:
     }
 
 
-def profile(spe: int = 32, samples: int = 2048) -> dict[str, dict]:
-    """``{kind: summarize(...)}`` for Keras's accumulation and AccumModel, profiled in turn in
-    this process."""
+def combine(summaries: list[dict]) -> dict:
+    """One summary of several rounds: per position, the median of the rounds' medians; the op
+    types' time per micro-step averaged over the rounds; the micro-steps summed."""
+    def median_by_position(key: str) -> dict[int, float]:
+        positions = sorted({p for s in summaries for p in s[key]})
+        return {p: statistics.median(s[key][p] for s in summaries if p in s[key])
+                for p in positions}
+
+    types = {name for s in summaries for name in s["top_op_types_us"]}
+    per_type = {name: sum(s["top_op_types_us"].get(name, 0.0) for s in summaries)
+                / len(summaries) for name in types}
+    return {
+        "micro_steps": sum(s["micro_steps"] for s in summaries),
+        "rounds": len(summaries),
+        "span_by_position_us": median_by_position("span_by_position_us"),
+        "span_us": statistics.median(s["span_us"] for s in summaries),
+        "busy_by_position_us": median_by_position("busy_by_position_us"),
+        "top_op_types_us": dict(sorted(per_type.items(), key=lambda kv: -kv[1])
+                                [:len(summaries[0]["top_op_types_us"])]),
+    }
+
+
+def profile(spe: int = 32, samples: int = 2048, rounds: int = 1) -> dict[str, dict]:
+    """``{kind: summary}`` for Keras's accumulation and AccumModel, profiled in turn in this
+    process, ``rounds`` epochs each in alternating order (A B B A ...), combined by
+    :func:`combine`."""
     x, y = bm.benchmark_data("mlp", samples, "synthetic")
-    results = {}
-    for kind in KINDS:
-        model = compiled_model(kind, spe, x, y)
-        with tempfile.TemporaryDirectory() as logdir:
-            results[kind] = summarize(micro_steps(profiled_events(model, x, y, logdir)), spe)
-    return results
+    models = {kind: compiled_model(kind, spe, x, y) for kind in KINDS}
+    per_round: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+    for r in range(rounds):
+        for kind in (KINDS if r % 2 == 0 else KINDS[::-1]):
+            with tempfile.TemporaryDirectory() as logdir:
+                events = profiled_events(models[kind], x, y, logdir)
+            per_round[kind].append(summarize(micro_steps(events), spe))
+    return {kind: combine(per_round[kind]) for kind in KINDS}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spe", type=int, default=32, help="steps_per_execution")
     parser.add_argument("--samples", type=int, default=2048, help="samples in the epoch")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="epochs profiled per kind, in alternating order")
+    parser.add_argument("--out", help="also write the summaries as JSON to this file")
     args = parser.parse_args(argv)
-    for kind, s in profile(args.spe, args.samples).items():
+    summaries = profile(args.spe, args.samples, args.rounds)
+    if args.out:
+        record = {"created": datetime.datetime.now(datetime.timezone.utc).strftime(
+                      "%Y-%m-%dT%H:%M:%S%z"),
+                  "steps_per_execution": args.spe, "samples": args.samples,
+                  "rounds": args.rounds,
+                  "micro_batch": MICRO_BATCH, "accum_steps": ACCUM_STEPS,
+                  "tensorflow": tf.__version__, "keras": keras.__version__,
+                  "kinds": summaries}
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+    for kind, s in summaries.items():
         spans = ", ".join(f"{v:.0f}" for v in s["span_by_position_us"].values())
         busy = ", ".join(f"{v:.0f}" for v in s["busy_by_position_us"].values())
         print(f"{kind}: {s['micro_steps']} micro-steps, median span {s['span_us']:.0f} us; "

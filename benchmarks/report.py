@@ -193,6 +193,8 @@ def _lean_section(results: dict[str, Any]) -> list[str]:
 NONFINITE_COST_FILE = "nonfinite_cost.json"
 #: ``python benchmarks/accumulate_lm.py --out`` 's file in a results directory, if run there.
 ACCUMULATE_LM_FILE = "accumulate_lm.json"
+#: ``python benchmarks/profile_step.py --out`` 's file in a results directory, if run there.
+PROFILE_STEP_FILE = "profile_step.json"
 
 
 def accumulate_lm_lines(record: dict[str, Any] | None) -> list[str]:
@@ -263,7 +265,37 @@ def _rule_targets_lines(results: dict[str, Any]) -> list[str]:
             "and the breakdown; the last column is what each figure would be without the "
             "once-per-window NaN/Inf check (a diagnostic), so the difference is the check's share "
             "of a miss.", "", "| target | measured | target | | beside |",
-            "|---|---|---|---|---|", *rows]
+            "|---|---|---|---|---|", *rows, *profile_step_lines(results.get("profile_step"))]
+
+
+def profile_step_lines(record: dict[str, Any] | None) -> list[str]:
+    """Where the fit ratio's gap lies, from ``benchmarks/profile_step.py --out``: the median span
+    of a micro-step by its position in the window, Keras's accumulation beside ``AccumModel``'s
+    (position K-1 closes the window: the optimizer step in both)."""
+    if not record:
+        return []
+    kinds = record["kinds"]
+    keras_spans = kinds["keras_ga"]["span_by_position_us"]
+    ours_spans = kinds["accumcore"]["span_by_position_us"]
+    positions = sorted(keras_spans, key=int)
+    last = positions[-1]
+    rows = [f"| {p}{' (closes the window)' if p == last else ''} | {keras_spans[p]:.0f} | "
+            f"{ours_spans[p]:.0f} | {ours_spans[p] - keras_spans[p]:+.0f} |" for p in positions]
+    inner = [ours_spans[p] - keras_spans[p] for p in positions if p != last]
+    window_extra = sum(inner) + ours_spans[last] - keras_spans[last]
+    rounds = record.get("rounds", 1)
+    return ["", f"Where the gap lies: `python benchmarks/profile_step.py --spe "
+            f"{record['steps_per_execution']} --samples {record['samples']} --rounds {rounds}` "
+            f"({record['created']}; TensorFlow {record['tensorflow']}, Keras {record['keras']}) "
+            f"profiles {rounds} epoch{'s' if rounds > 1 else ''} of each `fit` (alternating) "
+            "and cuts each into micro-steps at the first layer's forward matmul; the median "
+            "span of a micro-step (µs) by its position in the window of "
+            f"K={record['accum_steps']}, the median over the epochs:", "",
+            "| position | Keras gradient_accumulation_steps | AccumModel | difference |",
+            "|---|---|---|---|", *rows, "",
+            f"Over one window AccumModel's micro-steps took {window_extra:+.0f} µs against "
+            f"Keras's: {ours_spans[last] - keras_spans[last]:+.0f} µs in the micro-step that "
+            f"closes the window and {sum(inner):+.0f} µs in the {len(inner)} that do not."]
 
 
 def _paired_cost_lines(record: dict[str, Any] | None) -> list[str]:
@@ -536,9 +568,9 @@ def _explanation(results: dict[str, Any]) -> list[str]:
         f"{met('(4)/(3) fit vs Keras accumulation')}). Both run one forward+backward pass "
         "per `train_step` and add the "
         "gradients into accumulators. accumcore also computes the micro-batch weight, checks "
-        "each window's gradients for NaN/Inf once and keeps a sample-weighted loss tracker (the non-finite "
-        "flag is read on the host once per epoch, not per step); in return it is exact for "
-        "ragged windows, where Keras's mean of K micro-batch means is not.",
+        "each window's gradients for NaN/Inf once and keeps a sample-weighted loss tracker "
+        "(the non-finite flag is read on the host once per epoch, not per step); in return it "
+        "is exact for ragged windows, where Keras's mean of K micro-batch means is not.",
         "",
         f"*(4)/(3) at steps_per_execution={results['settings'].get('large_steps_per_execution')}*"
         f" ranged over {span('fit_vs_keras_spe')} (target ≥ 1: "
@@ -584,7 +616,8 @@ def _load_run(result_dir: str) -> dict[str, Any]:
     """``results.json`` of ``result_dir`` with the separately measured files beside it."""
     results = bm.load_results(os.path.join(result_dir, "results.json"))
     for key, file in (("nonfinite_cost", NONFINITE_COST_FILE),
-                      ("accumulate_lm", ACCUMULATE_LM_FILE)):
+                      ("accumulate_lm", ACCUMULATE_LM_FILE),
+                      ("profile_step", PROFILE_STEP_FILE)):
         if os.path.isfile(os.path.join(result_dir, file)):
             with open(os.path.join(result_dir, file), encoding="utf-8") as f:
                 results[key] = json.load(f)
@@ -732,9 +765,10 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         f"{span('fit_vs_keras')} at `steps_per_execution=1`, {span('fit_vs_keras_spe')} at "
         f"{spe}. Both run one forward and backward pass per `train_step` and add the gradients "
         "into accumulators; accumcore also weighs each micro-batch, checks each window's "
-        "gradients for NaN/Inf once and keeps a sample-weighted loss, and in return is exact for ragged windows, "
-        "where Keras's mean of K micro-batch means is not. With `jit_compile=True` "
-        f"`AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed without.",
+        "gradients for NaN/Inf once and keeps a sample-weighted loss, and in return is "
+        "exact for ragged windows, where Keras's mean of K micro-batch means is not. With "
+        f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
+        "without.",
         f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9)*: "
         f"{span('vs_minimal')}. The minimal accumulator (`benchmarks/minimal.py`) is the least "
         "code that is still exact (the gradient of the summed loss added into accumulators, "
@@ -781,7 +815,9 @@ def _reader_ops(results: dict[str, Any]) -> list[str]:
     if ours:
         sentence = (f"accumcore's traced functions hold {_span(ours)} times the minimal "
                     "accumulator's operations (the extra ones weigh each micro-batch, count "
-                    "its samples and check each window for NaN/Inf)")
+                    "its samples, check each window for NaN/Inf and hold the path a "
+                    "non-finite window takes; both branches of every `tf.cond` are counted, "
+                    "whichever runs)")
         if keras_ga:
             sentence += f", Keras's own accumulating `train_step` {_span(keras_ga)} times"
         lines += ["", sentence + "."]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -677,14 +678,30 @@ def test_profile_step_cuts_micro_steps_at_the_first_layer_and_splits_by_window_p
         profile_step.micro_steps([_op(0.0, 1.0, "x", "AddV2")])
 
 
+def test_profile_step_combines_rounds_by_the_median_of_each_position():
+    import profile_step
+
+    def summary(spans, matmul):
+        return {"micro_steps": 8, "span_us": statistics.median(spans.values()),
+                "span_by_position_us": spans, "busy_by_position_us": spans,
+                "top_op_types_us": {"MatMul": matmul}}
+
+    rounds = [summary({0: 100.0, 3: 400.0}, 10.0), summary({0: 300.0, 3: 200.0}, 20.0),
+              summary({0: 200.0, 3: 900.0}, 60.0)]
+    combined = profile_step.combine(rounds)
+    assert combined["span_by_position_us"] == {0: 200.0, 3: 400.0}
+    assert combined["micro_steps"] == 24 and combined["rounds"] == 3
+    assert combined["top_op_types_us"] == {"MatMul": pytest.approx(30.0)}
+
+
 @pytest.mark.slow
 def test_profile_step_profiles_both_fits():
     import profile_step
 
-    results = profile_step.profile(spe=4, samples=256)
+    results = profile_step.profile(spe=4, samples=256, rounds=2)
     assert set(results) == set(profile_step.KINDS)
     for summary in results.values():
-        assert summary["micro_steps"] > 0
+        assert summary["micro_steps"] > 0 and summary["rounds"] == 2
         assert set(summary["span_by_position_us"]) == set(range(profile_step.ACCUM_STEPS - 1))
         assert "MatMul" in summary["top_op_types_us"]
 
@@ -716,3 +733,23 @@ def test_accumulate_lm_section_renders_the_paired_ratio_and_its_verdict():
     record["throughput_ratio_paired"]["median"] = 0.9
     assert report.accumulate_lm_lines(record)[-1].endswith("| **missed** |")
     assert report.accumulate_lm_lines(None) == []
+
+
+def test_profile_step_section_puts_the_window_gap_by_position():
+    """RESULTS.md's reason for a fit-ratio miss: the per-position spans of both fits as
+    profile_step.py's JSON holds them (keys are strings after the round trip), their
+    differences, and the window's total split into the closing micro-step and the others."""
+    record = {"created": "2026-12-05T06:00:00+0000", "steps_per_execution": 32,
+              "samples": 4096, "micro_batch": 16, "accum_steps": 4, "tensorflow": "2.21.0",
+              "keras": "3.15.1",
+              "kinds": {"keras_ga": {"span_by_position_us": {"0": 500.0, "1": 480.0,
+                                                             "2": 490.0, "3": 900.0}},
+                        "accumcore": {"span_by_position_us": {"0": 510.0, "1": 470.0,
+                                                              "2": 500.0, "3": 1200.0}}}}
+    lines = report.profile_step_lines(json.loads(json.dumps(record)))
+    assert "| 3 (closes the window) | 900 | 1200 | +300 |" in lines
+    assert "| 1 | 480 | 470 | -10 |" in lines
+    assert lines[-1] == ("Over one window AccumModel's micro-steps took +310 µs against "
+                         "Keras's: +300 µs in the micro-step that closes the window and +10 µs "
+                         "in the 3 that do not.")
+    assert report.profile_step_lines(None) == []
