@@ -295,7 +295,10 @@ def profile_step_lines(record: dict[str, Any] | None) -> list[str]:
             "|---|---|---|---|", *rows, "",
             f"Over one window AccumModel's micro-steps took {window_extra:+.0f} µs against "
             f"Keras's: {ours_spans[last] - keras_spans[last]:+.0f} µs in the micro-step that "
-            f"closes the window and {sum(inner):+.0f} µs in the {len(inner)} that do not."]
+            f"closes the window and {sum(inner):+.0f} µs in the {len(inner)} that do not. The "
+            "profiler adds a cost to every operation it records, so a step with more "
+            "operations looks slower under it than it runs: this locates the difference (the "
+            "window's close), and the paired ratios above measure it."]
 
 
 def _paired_cost_lines(record: dict[str, Any] | None) -> list[str]:

@@ -749,7 +749,7 @@ def test_profile_step_section_puts_the_window_gap_by_position():
     lines = report.profile_step_lines(json.loads(json.dumps(record)))
     assert "| 3 (closes the window) | 900 | 1200 | +300 |" in lines
     assert "| 1 | 480 | 470 | -10 |" in lines
-    assert lines[-1] == ("Over one window AccumModel's micro-steps took +310 µs against "
-                         "Keras's: +300 µs in the micro-step that closes the window and +10 µs "
-                         "in the 3 that do not.")
+    assert lines[-1].startswith("Over one window AccumModel's micro-steps took +310 µs against "
+                                "Keras's: +300 µs in the micro-step that closes the window and "
+                                "+10 µs in the 3 that do not.")
     assert report.profile_step_lines(None) == []
