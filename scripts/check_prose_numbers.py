@@ -36,7 +36,10 @@ import sys
 #: page (notebook stem) -> numbers its prose may quote without an output showing them, each
 #: with why.
 ALLOWED: dict[str, dict[str, str]] = {
-    "07_memory_speed": {"95": "the confidence level of the paired ratios' interval (a definition)"},
+    "07_memory_speed": {
+        "95": "the confidence level of the paired ratios' interval (a definition)",
+        "1.6": "exercise 1's worked arithmetic (400 + 400 + 800 MB)",
+    },
     "06b_gaps": {"0.99": "keras.layers.BatchNormalization's default momentum (a constant)"},
     "05_lr_sweeps": {
         "0.5": "one grid step of sqrt(10) in log10 (exercise 3's worked answer)",
