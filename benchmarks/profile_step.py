@@ -23,7 +23,6 @@ diagnostic, not part of the library).
 from __future__ import annotations
 
 import argparse
-import datetime
 import glob
 import json
 import os
@@ -31,6 +30,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -184,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     summaries = profile(args.spe, args.samples, args.rounds)
     if args.out:
-        record = {"created": datetime.datetime.now(datetime.timezone.utc).strftime(
-                      "%Y-%m-%dT%H:%M:%S%z"),
+        record = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),  # as nonfinite_cost.py
                   "steps_per_execution": args.spe, "samples": args.samples,
                   "rounds": args.rounds,
                   "micro_batch": MICRO_BATCH, "accum_steps": ACCUM_STEPS,

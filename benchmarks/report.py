@@ -279,10 +279,10 @@ def profile_step_lines(record: dict[str, Any] | None) -> list[str]:
     ours_spans = kinds["accumcore"]["span_by_position_us"]
     positions = sorted(keras_spans, key=int)
     last = positions[-1]
+    extra = {p: ours_spans[p] - keras_spans[p] for p in positions}
     rows = [f"| {p}{' (closes the window)' if p == last else ''} | {keras_spans[p]:.0f} | "
-            f"{ours_spans[p]:.0f} | {ours_spans[p] - keras_spans[p]:+.0f} |" for p in positions]
-    inner = [ours_spans[p] - keras_spans[p] for p in positions if p != last]
-    window_extra = sum(inner) + ours_spans[last] - keras_spans[last]
+            f"{ours_spans[p]:.0f} | {extra[p]:+.0f} |" for p in positions]
+    inner = [extra[p] for p in positions if p != last]
     rounds = record.get("rounds", 1)
     return ["", f"Where the gap lies: `python benchmarks/profile_step.py --spe "
             f"{record['steps_per_execution']} --samples {record['samples']} --rounds {rounds}` "
@@ -293,8 +293,8 @@ def profile_step_lines(record: dict[str, Any] | None) -> list[str]:
             f"K={record['accum_steps']}, the median over the epochs:", "",
             "| position | Keras gradient_accumulation_steps | AccumModel | difference |",
             "|---|---|---|---|", *rows, "",
-            f"Over one window AccumModel's micro-steps took {window_extra:+.0f} µs against "
-            f"Keras's: {ours_spans[last] - keras_spans[last]:+.0f} µs in the micro-step that "
+            f"Over one window AccumModel's micro-steps took {sum(extra.values()):+.0f} µs "
+            f"against Keras's: {extra[last]:+.0f} µs in the micro-step that "
             f"closes the window and {sum(inner):+.0f} µs in the {len(inner)} that do not. The "
             "profiler adds a cost to every operation it records, so a step with more "
             "operations looks slower under it than it runs: this locates the difference (the "
