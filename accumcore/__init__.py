@@ -68,10 +68,9 @@ _check_tensorflow()
 
 from accumcore._impl.accum_model import AccumModel, WindowFlushCallback  # noqa: E402
 from accumcore._impl.batchnorm import WindowBatchNormalization, convert_batchnorm  # noqa: E402
-from accumcore._impl.config import resolve_accum_steps  # noqa: E402
-from accumcore._impl.errors import NonFiniteGradientError  # noqa: E402
 from accumcore._impl.fitting import accumulate, flush  # noqa: E402
-from accumcore._impl.nonfinite import NonFinitePolicy  # noqa: E402
+from accumcore._impl.nonfinite import NonFiniteGradientError, NonFinitePolicy  # noqa: E402
+from accumcore._impl.settings import resolve_accum_steps  # noqa: E402
 from accumcore._impl.state import AccumulationState  # noqa: E402
 from accumcore._impl.trainer import AccumTrainer, LoopHistory  # noqa: E402
 

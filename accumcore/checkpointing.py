@@ -50,8 +50,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from accumcore._impl.config import check_accum_steps, check_choice
 from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, close_epoch, empty_epoch_error
+from accumcore._impl.settings import check_accum_steps, check_choice
 from accumcore._impl.state import AccumulationState
 from accumcore._impl.trainer import AccumTrainer
 

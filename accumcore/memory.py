@@ -21,12 +21,11 @@ two together::
 from __future__ import annotations
 
 import gc
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from accumcore._impl.config import check_positive_int
+from accumcore._impl.settings import check_positive_int, split_batch
 
 
 @dataclass
@@ -163,12 +162,7 @@ def accum_steps_for(
     """
     big = check_positive_int(target_batch_size, "target_batch_size")
     small = check_positive_int(max_micro_batch, "max_micro_batch")
-    k = math.ceil(big / small) if small < big else 1
-    if exact:
-        while big % k:
-            k += 1  # terminates at k = B at the latest
-        return k, big // k
-    return k, math.ceil(big / k)
+    return split_batch(big, small, exact=exact)
 
 
 def plan_accumulation(

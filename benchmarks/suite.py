@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
-from accumcore._impl import rule
+from accumcore._impl import nonfinite
 from accumcore._impl.accum_model import AccumModel
 from accumcore._impl.trainer import AccumTrainer
 from accumcore.lab.benchmarking import (
@@ -551,15 +551,15 @@ BREAKDOWN_REFERENCES = ("adam_each", "fit_keras_ga", "fit_unchecked", "fit_accum
 
 @contextlib.contextmanager
 def without_nonfinite_check() -> Iterator[None]:
-    """Trace accumcore with the window's non-finite check removed (``rule.window_nonfinite``
+    """Trace accumcore with the window's non-finite check removed (``nonfinite.window_nonfinite``
     always says finite: what a ``LossScaleOptimizer``'s close runs on one device): what the check
     costs, measured. A diagnostic only: never train like this."""
-    check = rule.window_nonfinite
-    rule.window_nonfinite = unchecked
+    check = nonfinite.window_nonfinite
+    nonfinite.window_nonfinite = unchecked
     try:
         yield
     finally:
-        rule.window_nonfinite = check
+        nonfinite.window_nonfinite = check
 
 
 def unchecked(sums) -> tf.Tensor:

@@ -14,7 +14,7 @@ import tensorflow as tf
 from helpers import LOSS, built_state, small_mlp
 
 import accumcore as ac
-from accumcore._impl.config import check_accum_steps
+from accumcore._impl.settings import check_accum_steps
 from accumcore.checkpointing import ExactBackupAndRestore, ResumableLoop, SkipTrainedBatches
 from accumcore.memory import accum_steps_for, largest_fitting
 
@@ -336,7 +336,7 @@ def test_changing_accum_steps_with_a_pending_window(xy):
     model.fit(x[:8], y[:8], batch_size=4, verbose=0, epochs=1)  # 2 of 3: flushed at epoch end
     model.set_accumulation(end_of_epoch="carry")
     model.fit(x[:8], y[:8], batch_size=4, verbose=0, epochs=1)  # 2 of 3: carried
-    with pytest.raises(ValueError, match=r"partial window is pending.*flush\(\)"):
+    with pytest.raises(ValueError, match=r"partial window is pending.*`accumcore\.flush\(model\)`"):
         model.set_accumulation(accum_steps=2)
 
 

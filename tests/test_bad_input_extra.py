@@ -68,7 +68,7 @@ def test_pending_window_loaded_into_a_frozen_model_raises(data, tmp_path):
     frozen.trainable = False
     with pytest.raises(ValueError, match=r"partial window of 2 micro-batch.*no trainable "
                                          r"variables.*unfreeze the model before loading, or "
-                                         r"save after `flush\(\)`"):
+                                         r"save after `accumcore\.flush\(model\)`"):
         frozen.load_weights(path)
     # The documented way out: flush, save again, and the frozen model loads the weights.
     assert model.flush()

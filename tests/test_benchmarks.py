@@ -28,7 +28,7 @@ from helpers import (
 
 import accumcore as ac
 import accumcore.lab.experiments  # noqa: F401
-from accumcore._impl import rule
+from accumcore._impl import nonfinite
 from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -455,14 +455,14 @@ def test_report_shows_the_paired_nonfinite_cost_when_measured(tmp_path):
 def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
     import nonfinite_cost  # benchmarks/ is on sys.path (see `suite` above)
 
-    check = rule.window_nonfinite
+    check = nonfinite.window_nonfinite
     ratios = nonfinite_cost.measure(spe=1, rounds=1, samples=128)
     assert set(ratios) == set(nonfinite_cost.KINDS)
     assert ratios["keras_ga"]["best"] == pytest.approx(1.0)
     assert all(r["best"] > 0 and r["samples_per_s"] > 0 for r in ratios.values())
     assert ratios["keras_ga"]["paired"]["median"] == pytest.approx(1.0)
     assert all(r["paired"]["rounds"] == 1 and len(r["seconds"]) == 1 for r in ratios.values())
-    assert rule.window_nonfinite is check  # the shipped check is back
+    assert nonfinite.window_nonfinite is check  # the shipped check is back
 
 
 def test_check_cost_pairs_each_path_with_its_unchecked_twin():
@@ -481,11 +481,11 @@ def test_check_cost_pairs_each_path_with_its_unchecked_twin():
 
 
 def test_without_nonfinite_check_restores_the_check_after_an_error():
-    check = rule.window_nonfinite
+    check = nonfinite.window_nonfinite
     with pytest.raises(RuntimeError), suite.without_nonfinite_check():
-        assert rule.window_nonfinite is not check
+        assert nonfinite.window_nonfinite is not check
         raise RuntimeError
-    assert rule.window_nonfinite is check
+    assert nonfinite.window_nonfinite is check
 
 
 def test_code_size_measures_spans_and_code_lines(tmp_path):

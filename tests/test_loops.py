@@ -92,13 +92,22 @@ def test_verbose_2_prints_each_epoch_once_with_its_mean_micro_batch_loss(mode, d
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2, lines
     for epoch, line in enumerate(lines):
-        mean = np.mean(history.micro_losses[3 * epoch : 3 * epoch + 3])
+        # The epoch's mean over its samples (micro-batches of 16, 16 and 8: not the plain
+        # mean of the three micro-batch losses), as model.fit's bar ends.
+        mean = history.epoch_losses[epoch]
+        assert mean != pytest.approx(np.mean(history.micro_losses[3 * epoch : 3 * epoch + 3]))
         assert line.startswith("3/3 - ") and line.endswith(f"loss: {mean:.4f}"), line
 
 
-def test_graph_mode_progress_bar_shows_the_epoch_mean_loss(data, capsys):
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+def test_progress_bar_ends_each_epoch_on_the_epoch_mean_loss(mode, data, capsys):
+    """verbose=1: the live bar shows the running mean, and its last line the epoch's mean
+    (``LoopHistory.epoch_losses``), not the last micro-batch's loss."""
     x, y = data
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=2)
-    history = trainer.fit(dataset(x, y, micro=16), epochs=1, mode="graph", verbose=1)
+    history = trainer.fit(dataset(x, y, micro=16), epochs=1, mode=mode, verbose=1)
     out = capsys.readouterr().out
-    assert "3/3" in out and f"loss: {np.mean(history.micro_losses):.4f}" in out
+    last = out.replace("\b", "\r").replace("\n", "\r").split("\r")
+    last = [line for line in last if line.strip()][-1]
+    assert "3/3" in last and last.rstrip().endswith(f"loss: {history.epoch_losses[0]:.4f}"), last
+    assert f"{history.micro_losses[-1]:.4f}" != f"{history.epoch_losses[0]:.4f}"

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from accumcore._impl import distribute, rule
-from accumcore._impl.nonfinite import NONFINITE, Stop
+from accumcore._impl.nonfinite import POLICIES, Stop
 
 ONE_REPLICA = distribute.replicas(None)
 
@@ -31,7 +31,7 @@ def _stop():
 
 
 def _plan(policy="skip_window"):
-    return rule.plan(NONFINITE[policy], None, ONE_REPLICA, _stop())
+    return rule.plan(POLICIES[policy], None, ONE_REPLICA, _stop())
 
 
 def test_add_sums_weighted_gradients_and_counts():
@@ -42,7 +42,7 @@ def test_add_sums_weighted_gradients_and_counts():
     weights = [5.0, 2.0, 9.0]
     for g, w in zip(grads, weights):
         rule.add(window, counters, _plan(), [tf.constant(x) for x in g], tf.constant(w),
-                 tf.constant(4, tf.int64), False)
+                 tf.constant(4, tf.int64))
     assert int(window.micro_step.numpy()) == 3 and int(window.samples.numpy()) == 12
     assert float(window.weight.numpy()) == sum(weights)
     assert int(counters.micro_batches_seen.numpy()) == 3
@@ -57,12 +57,12 @@ def test_add_sparse_rows_and_missing_gradients():
     rows = tf.IndexedSlices(tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
                             tf.constant([0, 3, 0]), tf.constant([5, 2]))
     rule.add(window, _counters(), _plan(), [rows, None], tf.constant(1.0),
-             tf.constant(1, tf.int64), False)
+             tf.constant(1, tf.int64))
     expected = np.zeros((5, 2), "float32")
     expected[0] = [6.0, 8.0]  # a repeated row is summed
     expected[3] = [3.0, 4.0]
     np.testing.assert_array_equal(window.accumulators[0].numpy(), expected)
-    assert window.with_gradient == [True, False]
+    assert rule.present_of([rows, None]) == (0,)
     assert not np.any(window.accumulators[1].numpy())
 
 
@@ -70,7 +70,7 @@ def test_skip_micro_batch_leaves_a_flagged_one_out_and_counts_it():
     window, counters = _window(), _counters()
     bad = [tf.fill((2, 3), np.nan), tf.ones(4)]
     added = rule.add(window, counters, _plan("skip_micro_batch"), bad, tf.constant(3.0),
-                     tf.constant(3, tf.int64), False)
+                     tf.constant(3, tf.int64))
     assert not bool(added)
     assert float(window.weight.numpy()) == 0.0 and not np.any(window.accumulators[1].numpy())
     assert int(window.micro_step.numpy()) == 1  # it still takes its place in the window
@@ -82,7 +82,7 @@ def test_skip_micro_batch_leaves_a_flagged_one_out_and_counts_it():
 def test_end_counts_the_outcome_and_empties_the_window(applied):
     window, counters = _window(), _counters()
     rule.add(window, counters, _plan(), [tf.ones((2, 3)), tf.ones(4)], tf.constant(3.0),
-             tf.constant(7, tf.int64), False)
+             tf.constant(7, tf.int64))
     window.poisoned.assign(1)
     value = applied if isinstance(applied, bool) else applied == "tensor-true"
     if isinstance(applied, bool):
@@ -134,10 +134,10 @@ def test_plan_skips_every_window_while_stopped():
     """``"raise"``: after a bad window, a clean full window is skipped too, and counted."""
     stop, window, counters = _stop(), _window(), _counters()
     stop.record_variable.assign([0, 0, 1, -1])
-    plan = rule.plan(NONFINITE["raise"], None, ONE_REPLICA, stop)
+    plan = rule.plan(POLICIES["raise"], None, ONE_REPLICA, stop)
     rule.add(window, counters, plan, [tf.ones((2, 3)), tf.ones(4)], tf.constant(2.0),
-             tf.constant(2, tf.int64), False)
-    applied = rule.close(window, counters, plan, None, [], True, [])
+             tf.constant(2, tf.int64))
+    applied = rule.close(window, counters, plan, None, [], [])
     assert not bool(applied)
     assert int(counters.windows_skipped.numpy()) == 1
     assert int(counters.samples_dropped.numpy()) == 2

@@ -14,7 +14,7 @@ from helpers import LOSS, REL_TOL, built_state, small_mlp
 
 import accumcore as ac
 from accumcore._impl import loss_scaling
-from accumcore._impl.nonfinite import NONFINITE, NonFinitePolicy
+from accumcore._impl.nonfinite import POLICIES, NonFinitePolicy
 from accumcore.lab.experiments import get_weights, relative_error
 
 PACKAGE = Path(__file__).resolve().parents[1] / "accumcore"
@@ -96,11 +96,11 @@ def test_unbuilt_state_has_no_variable_lists() -> None:
 
 # ---------------------------------------------------------------------------- policy
 def test_public_names_map_to_policies() -> None:
-    assert ac.AccumulationState(2).nonfinite_policy is NONFINITE["raise"]
+    assert ac.AccumulationState(2).nonfinite_policy is POLICIES["raise"]
     state = ac.AccumulationState(2, nonfinite="skip_window")
     assert (state.nonfinite, state.nonfinite_policy.skip_window) == ("skip_window", True)
     state.nonfinite = "skip_micro_batch"  # as AccumModel.set_accumulation assigns it
-    assert state.nonfinite_policy is NONFINITE["skip_micro_batch"]
+    assert state.nonfinite_policy is POLICIES["skip_micro_batch"]
     assert state.get_config() == {"accum_steps": 2, "nonfinite": "skip_micro_batch"}
     with pytest.raises(ValueError, match="nonfinite"):
         ac.AccumulationState(2, nonfinite="ignore")
@@ -185,7 +185,7 @@ def test_loss_scale_mirror_follows_keras_loss_scale_optimizer(compiled: bool) ->
 
 
 def test_saved_micro_step_reads_the_pending_count_from_saved_values():
-    from accumcore._impl.layout import saved_micro_step
+    from accumcore._impl.state import saved_micro_step
 
     state = ac.AccumulationState(3)
     state.build([tf.Variable(tf.zeros((2, 2))), tf.Variable(tf.zeros(2))])

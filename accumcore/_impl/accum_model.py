@@ -17,17 +17,130 @@ every K-th call, with the mean gradient of the last K batches.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 import keras
 
-from accumcore._impl import building, compat, fitting, model_protocol
-from accumcore._impl.building import settings_of
+from accumcore._impl import compat, fitting
 from accumcore._impl.fitting import WindowFlushCallback
-from accumcore._impl.nonfinite import NONFINITE, NonFinitePolicy
+from accumcore._impl.nonfinite import NonFinitePolicy
 
 __all__ = ["AccumModel", "WindowFlushCallback"]
+
+#: The accumulation settings, as ``get_config`` and ``set_accumulation`` name them.
+CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
+#: Key under which ``get_compile_config()`` carries the accumulation settings.
+COMPILE_KEY = "accumcore_accumulation"
+
+# The functional form of each AccumModel class (cls + Keras's Functional), made once.
+_FUNCTIONAL_VARIANTS: dict[type, type] = {}
+
+
+def is_functional_call(args: tuple, kwargs: dict) -> bool:
+    """Same rule as Keras: ``(inputs, outputs)`` positionally or by keyword."""
+    return len(args) == 2 or (len(args) == 1 and "outputs" in kwargs) or (
+        "inputs" in kwargs and "outputs" in kwargs
+    )
+
+
+def model_class(cls: type, args: tuple, kwargs: dict) -> type:
+    """The class ``AccumModel.__new__`` instantiates for these arguments.
+
+    Called functionally, Keras would rewrite ``cls``'s bases to include Functional,
+    permanently, which breaks later *subclassing* of ``cls`` in the same process. The
+    functional form is a separate subclass (``cls`` + Functional) instead, registered for
+    saving under ``cls``'s registered name.
+    """
+    functional = compat.functional_model_class()
+    if not is_functional_call(args, kwargs) or issubclass(cls, functional):
+        return cls
+    if cls not in _FUNCTIONAL_VARIANTS:
+        variant = type(cls.__name__, (cls, functional),
+                       {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        registered = keras.saving.get_registered_name(cls)
+        if ">" in registered:  # saved and loaded under the class's registered name
+            package, name = registered.split(">", 1)
+            keras.saving.register_keras_serializable(package, name)(variant)
+        _FUNCTIONAL_VARIANTS[cls] = variant
+    return _FUNCTIONAL_VARIANTS[cls]
+
+
+def keras_keywords(functional: bool) -> tuple[str, ...]:
+    """Keyword arguments ``keras.Model.__init__`` uses (read in Keras 3.10 and 3.15).
+
+    Functional form: ``Functional.__init__(inputs, outputs, name=None, **kwargs)`` pops
+    ``trainable`` and silently ignores every other keyword. Subclassed form: the keywords of
+    ``keras.layers.Layer.__init__`` (read from its signature) plus ``input_shape`` /
+    ``input_dim``, which it also pops (it rejects anything else itself, with a ValueError).
+    """
+    if functional:
+        return ("inputs", "outputs", "name", "trainable")
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    names = [p.name for p in inspect.signature(keras.layers.Layer.__init__).parameters.values()
+             if p.kind in kinds and p.name != "self"]
+    return tuple(dict.fromkeys([*names, "input_shape", "input_dim"]))
+
+
+def check_keywords(kwargs: dict, functional: bool) -> None:
+    """Raise ``TypeError`` for a keyword ``keras.Model`` would not use (a functional model
+    silently ignores it, so ``accumulation_steps=4`` would train with K = 1 unnoticed)."""
+    known = keras_keywords(functional)
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        raise TypeError(
+            f"AccumModel got unexpected keyword argument(s) {', '.join(unknown)}; valid "
+            f"keywords: {', '.join((*CONFIG_KEYS, *known))}. (K, the number of "
+            "micro-batches per optimizer update, is `accum_steps`.)"
+        )
+
+
+def settings_of(model) -> dict:
+    """The model's accumulation settings, by :data:`CONFIG_KEYS`."""
+    return {k: getattr(model, k) for k in CONFIG_KEYS}
+
+
+def config_settings(model) -> dict:
+    """The settings ``get_config`` adds; raises ``ValueError`` for one that cannot be
+    serialised (a callable normaliser, a custom non-finite policy)."""
+    if callable(model.normalizer):
+        raise ValueError(
+            "An AccumModel with a callable `normalizer` cannot be serialised; pass "
+            "normalizer='auto', 'samples' or 'sample_weight', or re-create the model in code."
+        )
+    if not isinstance(model.nonfinite, str):
+        raise ValueError(
+            f"An AccumModel with a custom NonFinitePolicy ({model.nonfinite.name!r}) cannot "
+            "be serialised; pass nonfinite='raise', 'skip_micro_batch' or 'skip_window', "
+            "or re-create the model in code."
+        )
+    return settings_of(model)
+
+
+def split_config(config: dict) -> tuple[dict, dict]:
+    """``(Keras's config, the accumulation settings)`` of a ``get_config`` result."""
+    config = dict(config)
+    return config, {k: config.pop(k) for k in CONFIG_KEYS if k in config}
+
+
+def with_settings(config: dict | None, model) -> dict | None:
+    """Keras's compile config with the model's settings under :data:`COMPILE_KEY`."""
+    return None if config is None else {**config, COMPILE_KEY: settings_of(model)}
+
+
+def compile_from_config(model, config: dict) -> None:
+    """``keras.Model.compile_from_config``, then the settings of :func:`with_settings`."""
+    config = dict(config)
+    given = config.pop(COMPILE_KEY, None)
+    # What keras.Model.compile_from_config does (Keras 3.10-3.15), which skips a
+    # `compile` that a subclass overrides, as AccumModel does (to count the losses).
+    config = keras.saving.deserialize_keras_object(config)
+    model.compile(**config)
+    if getattr(model, "optimizer", None) is not None and model.built:
+        model.optimizer.build(model.trainable_variables)
+    if given:
+        model.set_accumulation(**given)
 
 
 @keras.saving.register_keras_serializable(package="accumcore")
@@ -75,8 +188,8 @@ class AccumModel(keras.Model):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        # The functional form is a subclass of its own (model_protocol.model_class).
-        return super().__new__(model_protocol.model_class(cls, args, kwargs), *args, **kwargs)
+        # The functional form is a subclass of its own (model_class).
+        return super().__new__(model_class(cls, args, kwargs), *args, **kwargs)
 
     def __init__(
         self,
@@ -88,7 +201,7 @@ class AccumModel(keras.Model):
         **kwargs: Any,
     ) -> None:
         functional = compat.functional_model_class()
-        model_protocol.check_keywords(kwargs, isinstance(self, functional))
+        check_keywords(kwargs, isinstance(self, functional))
         if isinstance(self, functional):
             # What keras.Model.__init__ does for functional arguments, minus rewriting the class
             # hierarchy: the trainer's own state, then the functional graph.
@@ -105,31 +218,30 @@ class AccumModel(keras.Model):
     def accum_steps(self) -> int | None:
         """K, micro-batches per optimizer update (held by :attr:`accumulation`); ``None``
         until given."""
-        return self.accumulation.accum_steps if settings_of(self).accum_steps_given else None
+        return self.accumulation.accum_steps
 
     @property
     def nonfinite(self) -> str | NonFinitePolicy:
         """The non-finite policy (held by :attr:`accumulation`), as its name, or the custom
         :class:`~accumcore.NonFinitePolicy` given."""
-        policy = self.accumulation.nonfinite_policy
-        return policy.name if NONFINITE.get(policy.name) == policy else policy
+        return self.accumulation.settings.nonfinite_name
 
     @property
     def end_of_epoch(self) -> str:
         """What ``fit`` does with a partial window at the end of an epoch."""
-        return settings_of(self).end_of_epoch
+        return self.accumulation.settings.end_of_epoch
 
     @property
     def normalizer(self) -> str | Callable:
         """How each micro-batch is weighed (see the class docstring)."""
-        return settings_of(self).normalizer
+        return self.accumulation.settings.normalizer
 
     def get_config(self) -> dict:
-        return {**super().get_config(), **model_protocol.config_settings(self)}
+        return {**super().get_config(), **config_settings(self)}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects: dict | None = None) -> AccumModel:
-        config, settings = model_protocol.split_config(config)
+        config, settings = split_config(config)
         model = super().from_config(config, custom_objects=custom_objects)
         if settings:
             model.set_accumulation(**settings)
@@ -153,11 +265,11 @@ class AccumModel(keras.Model):
         compiled: carrying the settings here is how such a clone keeps K and the policies.
         """
         config = super().get_compile_config()
-        return model_protocol.with_settings(fitting.plain_compile_config(config), self)
+        return with_settings(fitting.plain_compile_config(config), self)
 
     def compile_from_config(self, config: dict) -> None:
         """Keras's ``compile_from_config``, then the settings of :meth:`get_compile_config`."""
-        model_protocol.compile_from_config(self, config)
+        compile_from_config(self, config)
 
     def set_accumulation(
         self,
@@ -178,9 +290,9 @@ class AccumModel(keras.Model):
         ``compile``), the accumulators follow the trainable set (fine-tuning: freeze, ``fit``,
         unfreeze, ``compile``, ``fit``) and the normaliser follows the compiled loss's
         reduction. Without ``compile`` Keras keeps training the set it traced, and so does
-        accumcore (``accumcore._impl.building.prepare_model``).
+        accumcore (``accumcore._impl.fitting.prepare_model``).
         """
-        building.build_accumulation(self)
+        fitting.prepare_model(self)
 
     def make_train_function(self, force: bool = False):
         return fitting.make_train_function(self, super().make_train_function, force)
@@ -212,5 +324,5 @@ class AccumModel(keras.Model):
 
     def end_epoch(self, epoch: int | None = None) -> str | None:
         """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was
-        done (``accumcore._impl.entry.end_epoch``)."""
+        done (``AccumulationState.end_epoch``)."""
         return fitting.end_epoch(self, epoch)

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import distribute
-from accumcore._impl.config import check_accum_steps
+from accumcore._impl.settings import check_accum_steps
 
 
 def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Dataset:

@@ -22,18 +22,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import datasets
-from accumcore._impl.micro_steps import Trainer
 
 
 def _tick(bar: keras.utils.Progbar) -> Callable[[int, tuple], None]:
     """An ``after(step, record)`` for :meth:`AccumTrainer.run_micro_batches` that moves a live
-    progress bar to ``step + 1`` with the micro-batch's mean loss (a host read per
-    micro-batch)."""
-    return lambda step, record: bar.update(step + 1, values=[("loss", float(record[0]))])
+    progress bar to ``step + 1`` with the epoch's running mean loss so far, ``sum c_i L_i /
+    sum c_i`` (a host read per micro-batch); the epoch's last line is written by
+    :func:`fit_epoch`."""
+    sums = [0.0, 0.0]
+
+    def tick(step: int, record: tuple) -> None:
+        sums[0] += float(record[0]) * float(record[1])
+        sums[1] += float(record[1])
+        mean = sums[0] / sums[1] if sums[1] else float(record[0])
+        bar.update(step + 1, values=[("loss", mean)], finalize=False)
+    return tick
 
 
 @dataclass
@@ -119,7 +125,7 @@ class HistoryBook:
 
 
 # ---------------------------------------------------------------------------- eager / function
-def run_micro_batches(trainer: Trainer, train: Callable, batches: Any, *, compiled: bool,
+def run_micro_batches(trainer: Any, train: Callable, batches: Any, *, compiled: bool,
                       check_each: bool, after: Callable[[int, tuple], None] | None) -> list[tuple]:
     """The loop of :meth:`AccumTrainer.run_micro_batches
     <accumcore.AccumTrainer.run_micro_batches>` (same arguments and records), with ``train``
@@ -173,7 +179,7 @@ def _record(step: Callable, records: tuple, i: Any, batch: Any) -> tuple:
     return tuple(r.write(i, out) for r, out in zip(records, step(x, y, sw)))
 
 
-def graph_records(trainer: Trainer, epoch_fn: Callable,
+def graph_records(trainer: Any, epoch_fn: Callable,
                   source: datasets.EpochSource) -> list[tuple]:
     """Run the compiled :func:`epoch_in_graph` ``epoch_fn`` of ``trainer`` on the epoch of
     ``source``; raise for a non-finite gradient, else return its per-micro-batch records
@@ -189,7 +195,7 @@ def graph_records(trainer: Trainer, epoch_fn: Callable,
 
 
 # ---------------------------------------------------------------------------- one epoch of fit
-def fit_epoch(trainer: Trainer, dataset: tf.data.Dataset, source: datasets.EpochSource,
+def fit_epoch(trainer: Any, dataset: tf.data.Dataset, source: datasets.EpochSource,
               book: HistoryBook,
               graph_epoch: Callable[[tf.data.Dataset, datasets.EpochSource], list[tuple]], *,
               mode: str, verbose: int) -> None:
@@ -203,7 +209,9 @@ def fit_epoch(trainer: Trainer, dataset: tf.data.Dataset, source: datasets.Epoch
     frames up, at the caller of ``fit``.
     """
     steps = source.steps
-    bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch")
+    # "loss" is shown as given (stateful): the running mean, then the epoch's mean.
+    bar = keras.utils.Progbar(steps, verbose=verbose, unit_name="micro-batch",
+                              stateful_metrics=["loss"])
     # A live bar (eager / function, verbose=1) ticks per micro-batch (a host read each).
     ticked = mode != "graph" and verbose == 1
     before = int(trainer.state.windows_applied.numpy()) if trainer.state.built else 0
@@ -216,21 +224,19 @@ def fit_epoch(trainer: Trainer, dataset: tf.data.Dataset, source: datasets.Epoch
         trainer.state.raise_if_nonfinite(trainer.epoch)  # once per epoch, not per batch
         records = [(float(loss), float(weight), bool(did))
                    for loss, weight, did in records]
-    if not ticked:  # the epoch's mean micro-batch loss, once
-        bar.update(len(records), values=[("loss", float(np.mean(
-            [r[0] for r in records])))] if records else None, finalize=False)
-    ran_out = source.count(len(records), trainer.epoch)
+    source.count(len(records), trainer.epoch)
     if not records and (source.steps_per_epoch is None or not trainer.state.built):
         raise empty_epoch_error(trainer.epoch)
     for record in records:  # book-keeping in Python, from the per-micro-batch records
         book.micro_batch(*record)
     close_epoch(trainer, book, before)
-    if verbose and (not ticked or steps is None or ran_out):
-        bar.update(bar.target or len(records), values=None, finalize=True)
+    if verbose:  # the epoch's last line: its mean loss, as model.fit's bar ends
+        bar.update(bar.target or len(records),
+                   values=[("loss", book.history.epoch_losses[-1])], finalize=True)
 
 
 # ---------------------------------------------------------------------------- end of an epoch
-def close_epoch(trainer: Trainer, book: HistoryBook, windows_before: int) -> None:
+def close_epoch(trainer: Any, book: HistoryBook, windows_before: int) -> None:
     """End an epoch of ``trainer``: run its end-of-epoch policy and record it in ``book``; the
     one end-of-epoch step of :meth:`AccumTrainer.fit <accumcore.AccumTrainer.fit>` and
     :meth:`ResumableLoop.fit <accumcore.checkpointing.ResumableLoop.fit>`.

@@ -1,6 +1,8 @@
-"""``model.fit`` with exact accumulation, for any ``keras.Model``: the one train step.
+"""The ``fit`` side: ``model.fit`` with exact accumulation, for any ``keras.Model``.
 
-Two ways in share every function here:
+The train step, the build before tracing, ``compile`` with counted losses, the callback that
+ends epochs, the settings and :func:`~accumcore.accumulate`. Two ways in share every function
+here:
 
 * :class:`~accumcore.AccumModel`, a ``keras.Model`` subclass whose methods call them;
 * :func:`~accumcore.accumulate`, which gives one model that already exists (Functional,
@@ -19,21 +21,28 @@ micro-batch by, ``accumcore._impl.denominators``) and a compile config without t
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
+import tensorflow as tf
 
-from accumcore._impl import building, compat, entry, model_protocol
-from accumcore._impl.building import SETTINGS_ATTRIBUTE, FitSettings, settings_of
-from accumcore._impl.config import check_optimizer, check_settings
+from accumcore._impl import compat, settings
 from accumcore._impl.denominators import counted, uncounted
-from accumcore._impl.gradients import summed_loss_gradients
+from accumcore._impl.gradients import resolve_normalizer, summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
 from accumcore._impl.nonfinite import NonFinitePolicy
-from accumcore._impl.state import AccumulationState
+from accumcore._impl.settings import check_optimizer, warn_if_float16_without_loss_scaling
+from accumcore._impl.state import AccumulationState, saved_micro_step
+
+#: The call that applies a pending window of a model trained by ``fit`` (an ``AccumModel`` or
+#: an ``accumulate`` d model): the one every message of the fit side names.
+FLUSH_CALL = "`accumcore.flush(model)`"
 
 #: The methods :func:`~accumcore.accumulate` gives a model (each wraps the class's own).
 METHODS = ("train_step", "make_train_function", "fit", "compile", "get_compile_config",
@@ -82,7 +91,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
         # Validation inside fit comes after the epoch's training batches: check them first.
         self._raise_if_nonfinite()
         # Validation inside fit: a large-batch fit would have applied the last batch already.
-        if settings_of(self.model).end_of_epoch == "apply":
+        if self.model.accumulation.settings.end_of_epoch == "apply":
             flush(self.model)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -102,38 +111,29 @@ class WindowFlushCallback(keras.callbacks.Callback):
 
 # ---------------------------------------------------------------------- settings
 def configure(model: keras.Model, given: dict) -> None:
-    """Validate the given settings (``accumcore._impl.model_protocol.CONFIG_KEYS``) and set
-    them on ``model``'s state and ``FitSettings``."""
-    given = dict(given)
-    nonfinite = given.pop("nonfinite", None)
-    if nonfinite is not None:
-        model.accumulation.nonfinite = nonfinite  # a name or a NonFinitePolicy
-    if given.get("accum_steps", 0) is None:  # AccumModel created without `accum_steps`
-        del given["accum_steps"]
-    settings = settings_of(model)
-    for name, value in check_settings(**given).items():
-        if name == "accum_steps":
-            model.accumulation.accum_steps = value
-            settings.accum_steps_given = True
-        else:
-            setattr(settings, name, value)
-            if name == "normalizer" and not model.accumulation.built:
-                settings.traced_normalizer = value
+    """Check the given settings (``accumcore._impl.settings.resolve``) and set them on
+    ``model``'s state; ``accum_steps=None`` (an ``AccumModel`` created without it) leaves K
+    unset, and ``fit`` raises naming it."""
+    given = {name: value for name, value in given.items() if value is not None}
+    state = model.accumulation
+    state.settings = settings.resolve(state.settings, **given)
 
 
 def attach(model: keras.Model, given: dict) -> None:
-    """Give ``model`` its accumulation state, its ``FitSettings`` (from ``given``, checked by
-    :func:`configure`) and the weight-file entry that saves the state (``AccumModel.__init__``
+    """Give ``model`` its accumulation state, with the settings ``given`` (checked by
+    :func:`configure`), and the weight-file entry that saves the state (``AccumModel.__init__``
     and :func:`~accumcore.accumulate`)."""
-    state = AccumulationState(1, nonfinite=given.get("nonfinite") or "raise")
+    state = AccumulationState(1)
+    state.flush_call = FLUSH_CALL
+    if given.get("accum_steps") is None:  # an AccumModel created without `accum_steps`
+        state.settings = dataclasses.replace(state.settings, accum_steps=None)
     try:
         model.accumulation = state  # tracked: tf.train.Checkpoint(model=model) holds it
     except (AttributeError, ValueError):  # pragma: no cover - a class that forbids it
         object.__setattr__(model, "accumulation", state)
-    object.__setattr__(model, SETTINGS_ATTRIBUTE, FitSettings())
     configure(model, given)
     # Not tracked (not a layer of the model); Keras's saving finds it by attribute name.
-    object.__setattr__(model, "_accumulation_store", model_protocol.AccumulationStore(model))
+    object.__setattr__(model, "_accumulation_store", AccumulationStore(model))
 
 
 def set_accumulation(model: keras.Model, given: dict) -> None:
@@ -141,11 +141,84 @@ def set_accumulation(model: keras.Model, given: dict) -> None:
     traces a new step with them."""
     if model.accumulation.pending_micro_batches():
         raise ValueError(
-            "A partial window is pending; apply it (`model.flush()`, or "
-            "`accumcore.flush(model)`) before changing the accumulation settings."
+            f"A partial window is pending; apply it ({FLUSH_CALL}) before changing the "
+            "accumulation settings."
         )
-    configure(model, {name: value for name, value in given.items() if value is not None})
+    configure(model, given)
     model.train_function = None  # retrace with the new settings
+
+
+def is_accumulating(model: Any) -> bool:
+    """Whether ``model`` trains with accumcore already (an ``AccumModel``, or a model given to
+    :func:`~accumcore.accumulate`)."""
+    return isinstance(getattr(model, "accumulation", None), AccumulationState)
+
+
+# ---------------------------------------------------------------------- saving
+class AccumulationStore(keras.layers.Layer):
+    """Saves and loads an ``AccumModel``'s accumulation state under its own path in the file.
+
+    Keras's weight files give every object a path; a model's own path holds only its own
+    variables (none for a Functional model). Keeping the accumulation state under this child
+    path (``_accumulation_store/vars``) instead of the model's own path means that
+    ``load_weights`` into a plain ``keras.Model`` with the same layers (serving) finds exactly
+    the variables it expects and ignores this entry, while an ``AccumModel`` restores its
+    half-full window from it. It is not tracked as a layer (not in ``model.layers`` or
+    ``model.weights``); ``tf.train.Checkpoint`` tracks ``model.accumulation`` directly.
+    """
+
+    def __init__(self, model) -> None:
+        super().__init__(name="accumulation_store", trainable=False)
+        # A weak reference, untracked: Keras's saving walks this layer's attributes, and a
+        # strong one would lead it back to the model (a cycle); no tracking either.
+        object.__setattr__(self, "_model", weakref.ref(model))
+        self.built = True
+
+    def save_own_variables(self, store) -> None:
+        for i, value in enumerate(values_to_save(self._model())):
+            store[str(i)] = value
+
+    def load_own_variables(self, store) -> None:
+        keys = list(store.keys()) if store is not None else []
+        if keys:
+            # numpy arrays: Keras 3.10 hands over h5py datasets, 3.15 arrays
+            restore(self._model(), [np.asarray(store[str(i)]) for i in range(len(keys))])
+
+
+def values_to_save(model) -> list[Any]:
+    """The accumulation state's values (numpy), in the file's order; empty: nothing to save."""
+    if not model.accumulation.built:
+        if (needs_build(model) or not model.trainable_variables
+                or model.accumulation.accum_steps is None):
+            return []
+        prepare_model(model)  # zeros: a file always restores a clean window
+    return [v.numpy() for v in model.accumulation.variables_for_saving()]
+
+
+def restore(model, values: list) -> None:
+    """Load saved accumulation-state ``values`` into ``model`` (building its state)."""
+    if not model.trainable_variables:
+        pending = saved_micro_step(values)
+        if pending:
+            raise ValueError(
+                f"The saved accumulation state holds a partial window of {pending} "
+                "micro-batch(es), but this model has no trainable variables to apply it "
+                f"to: unfreeze the model before loading, or save after {FLUSH_CALL}."
+            )
+        return  # an empty window: nothing to restore into a frozen model
+    if model.optimizer is not None:
+        check_optimizer(model.optimizer)
+    with model.distribute_strategy.scope():
+        model.accumulation.prepare(model)
+    variables = model.accumulation.variables_for_saving()
+    if len(values) != len(variables):
+        raise ValueError(
+            f"Saved accumulation state has {len(values)} entries, this model needs "
+            f"{len(variables)}: the file was saved from a different architecture (or with "
+            "a different set of trainable variables)."
+        )
+    for v, value in zip(variables, values, strict=True):
+        v.assign(value)
 
 
 # ---------------------------------------------------------------------- compile
@@ -202,17 +275,126 @@ def plain_compile_config(config: Any) -> Any:
     return config
 
 
+# ---------------------------------------------------------------------- building
+def check_trainable(model) -> bool:
+    """Whether a model trained by ``fit`` has anything to train; warns (as ``keras.Model.fit`` does)
+    if not.
+
+    Raises:
+        ValueError: if a partial window is pending while the model has no trainable
+            variables left (the pending gradients belong to variables now frozen).
+    """
+    if model.trainable_variables:
+        return True
+    pending = model.accumulation.pending_micro_batches()
+    if pending:
+        raise ValueError(
+            "The model has no trainable variables now, but a partial window of "
+            f"{pending} micro-batch(es) is pending from before they were frozen: call "
+            f"{FLUSH_CALL} before freezing (`model.trainable = False`), or unfreeze the model."
+        )
+    warnings.warn(
+        f"{type(model).__name__} {model.name!r} has no trainable variables "
+        "(`model.trainable = False`, "
+        "or every layer frozen): there is nothing to train, so this `fit` only computes the "
+        "loss and metrics, as keras.Model.fit does (\"The model does not have any "
+        "trainable weights\"). To train, set `model.trainable = True` (or unfreeze some "
+        "layers), then `compile` again.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return False
+
+
+def needs_build(model: keras.Model) -> bool:
+    """True while ``model`` has no variables yet (an unbuilt subclass)."""
+    return not model.built or not model.variables
+
+
+def prepare_model(model) -> None:
+    """Check that ``model`` can accumulate, then ``prepare`` its state when a new
+    ``train_function`` is traced (its trainable set and the weighting resolved from the
+    compiled loss); a traced one keeps both, as Keras keeps its trainable set."""
+    state = model.accumulation
+    if state.accum_steps is None:
+        raise ValueError(
+            "AccumModel was created without `accum_steps` (K, the number of micro-batches "
+            "per optimizer update), so it would silently train with K = 1. Pass it when "
+            "creating the model (`AccumModel(inputs, outputs, accum_steps=4)`; "
+            "`accum_steps=1` for no accumulation) or call "
+            "`model.set_accumulation(accum_steps=K)`. (keras.models.clone_model of an "
+            "*uncompiled* AccumModel cannot pass the settings on: set them on the clone.)"
+        )
+    if needs_build(model):
+        raise ValueError(
+            "The model is not built, so accumcore cannot create its accumulators. Give it "
+            "an input shape (keras.Input, `model.build(input_shape)`) or call it once "
+            "(`fit` and `train_on_batch` build it on the first batch)."
+        )
+    if not model.trainable_variables:
+        raise ValueError(
+            "The model has no trainable variables (`model.trainable = False`, or every "
+            "layer frozen): there is nothing to accumulate. Set `model.trainable = True` "
+            "(or unfreeze some layers) and `compile` again."
+        )
+    if model.optimizer is not None:
+        check_optimizer(model.optimizer)
+        warn_if_float16_without_loss_scaling(model, model.optimizer)
+    if state.built and getattr(model, "train_function", None) is not None:
+        return  # the traced step keeps its trainable set (as Keras)
+    weighting = resolve_normalizer(state.settings.normalizer, getattr(model, "loss", None))
+    if state.built and weighting != state.weighting and state.pending_micro_batches():
+        raise ValueError(
+            "The compiled loss needs another normaliser than the pending window was "
+            f"accumulated with: call {FLUSH_CALL} before `compile`-ing a loss "
+            "with another reduction."
+        )
+    strategy = model.distribute_strategy
+    with strategy.scope():  # follows a changed trainable set
+        state.prepare(model, weighting, distributed=strategy.num_replicas_in_sync > 1)
+
+
+def build_optimizer(model) -> None:
+    """Build ``model.optimizer`` for the trainable variables, before tracing: a
+    LossScaleOptimizer's ``scale_loss`` must read its loss-scale variable in the traced step,
+    not the constant initial scale of an unbuilt one."""
+    if model.optimizer is not None and not model.optimizer.built:
+        with model.distribute_strategy.scope():
+            model.optimizer.build(model.trainable_variables)
+
+
+def build_on_first_batch(model, x) -> None:
+    """Build an unbuilt ``AccumModel`` subclass, its accumulators and optimizer from the first
+    batch ``x``'s shapes, eagerly.
+
+    Runs in the first trace of the train step for a model ``fit`` could not build before
+    tracing: the model is called once on ``keras.KerasTensor`` s with the batch's shapes and
+    dtypes (symbolic: no data, no state update), and every variable is created outside the
+    graph (``tf.init_scope``), as ``keras.Model.fit`` builds a plain subclass.
+
+    """
+    def spec(t):
+        return keras.KerasTensor(tuple(t.shape), dtype=tf.as_dtype(t.dtype).name)
+
+    with tf.init_scope():
+        model(tf.nest.map_structure(spec, x), training=False)
+        if not check_trainable(model):
+            return
+        prepare_model(model)
+        build_optimizer(model)
+
+
 # ---------------------------------------------------------------------- fit
 def make_train_function(model: keras.Model, base: Callable, force: bool = False):
     """Build the accumulators (or follow a changed trainable set) and the optimizer, then
     Keras's ``make_train_function``. An unbuilt subclass is built in the first traced step
-    instead, from the first batch (``accumcore._impl.building.build_on_first_batch``), as
+    instead, from the first batch (:func:`build_on_first_batch`), as
     ``keras.Model.fit`` builds a plain subclass."""
-    if settings_of(model).accum_steps_given is False:
-        building.build_accumulation(model)  # raises, naming `accum_steps`
-    if not building.needs_build(model) and building.check_trainable(model):
-        building.build_accumulation(model)
-        building.build_optimizer(model)
+    if model.accumulation.accum_steps is None:
+        prepare_model(model)  # raises, naming `accum_steps`
+    if not needs_build(model) and check_trainable(model):
+        prepare_model(model)
+        build_optimizer(model)
     return base(force)
 
 
@@ -259,40 +441,37 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     ``optimizer.apply``) on every K-th call; the logged loss is the window-true mean (the
     tracker's total and count grow by ``c_i * L_i`` and ``c_i``)."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    settings = settings_of(model)
-    if building.needs_build(model):
-        settings.traced_normalizer = building.build_on_first_batch(
-            model, x, settings.traced_normalizer)
+    if needs_build(model):
+        build_on_first_batch(model, x)
     if not model.trainable_variables:  # nothing to train: loss and metrics only, as Keras
         return base(data)
-    out = summed_loss_gradients(model, _loss_of(model), x, y, sample_weight,
-                                normalizer=settings.traced_normalizer, optimizer=model.optimizer)
     state = model.accumulation
+    out = summed_loss_gradients(model, _loss_of(model), x, y, sample_weight,
+                                normalizer=state.weighting, optimizer=model.optimizer)
     state.step(out.grads, out.weight, out.samples, model.optimizer, model.trainable_variables)
     tracker = loss_tracker(model)
     if tracker is not None:
         tracker.total.assign_add(out.weighted_loss)
         tracker.count.assign_add(out.weight)
     logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
-    if not state.nonfinite_policy.freeze:  # micro-batches may be skipped
-        logs["skipped_micro_batches"] = state.micro_batches_skipped
-        logs["skipped_windows"] = state.windows_skipped
-    elif is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)
-        logs["skipped_windows"] = state.windows_skipped
+    logs.update(state.nonfinite_policy.fit_logs(state))  # what the policy skipped
+    if is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)
+        logs.setdefault("skipped_windows", state.windows_skipped)
     return logs
 
 
 def flush(model: keras.Model) -> bool:
     """Apply ``model``'s pending partial window now, with its true weight (no-op when empty).
     Returns whether an optimizer update was applied."""
-    return entry.flush(model.accumulation, model.optimizer, model.trainable_variables)
+    return model.accumulation.flush(model.optimizer, model.trainable_variables)
 
 
 def end_epoch(model: keras.Model, epoch: int | None = None) -> str | None:
     """Apply the ``end_of_epoch`` policy to a pending partial window; returns what was done
-    (``accumcore._impl.entry.end_epoch``)."""
-    return entry.end_epoch(model.accumulation, settings_of(model).end_of_epoch,
-                           model.optimizer, model.trainable_variables, epoch)
+    (``AccumulationState.end_epoch``)."""
+    state = model.accumulation
+    return state.end_epoch(state.settings.end_of_epoch, model.optimizer,
+                           model.trainable_variables, epoch)
 
 
 # ---------------------------------------------------------------------- accumulate
@@ -371,11 +550,11 @@ def accumulate(model: keras.Model, accum_steps: int, *, end_of_epoch: str = "app
     """
     given = dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch, nonfinite=nonfinite,
                  normalizer=normalizer)
-    if isinstance(getattr(model, SETTINGS_ATTRIBUTE, None), FitSettings):  # again, or an AccumModel
+    if is_accumulating(model):  # again, or an AccumModel
         set_accumulation(model, given)
         return model
     _refuse(model)
-    check_settings(accum_steps=accum_steps, end_of_epoch=end_of_epoch, normalizer=normalizer)
+    settings.resolve(**given)  # every check before the model is touched
     _warn_own_compute_loss(model, normalizer)
     attach(model, given)
     wrappers = dict(train_step=train_step, make_train_function=make_train_function, fit=fit,

@@ -18,10 +18,37 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from accumcore._impl.config import NONFINITE_POLICIES, check_choice
-from accumcore._impl.errors import NonFiniteGradientError
-
 logger = logging.getLogger("accumcore")
+
+
+class NonFiniteGradientError(FloatingPointError):
+    """A window's gradient was not finite (NaN or Inf, or elements summing beyond the float
+    range) under ``nonfinite="raise"``.
+
+    That window was discarded whole, unapplied; the windows before it are applied and
+    untouched, so a checkpoint taken now holds no NaN. Training stays stopped (later windows
+    are discarded) until the stop is cleared: the next ``fit`` clears it (logged); in a custom
+    loop call ``state.clear_nonfinite()``.
+
+    Attributes:
+        window: 0-based index of the bad window since training started.
+        first_micro_step: 0-based index (over the run) of its first micro-batch.
+        micro_batches: how many micro-batches it held.
+        variable: name of the first trainable variable whose window gradient was not finite.
+        epoch: 0-based epoch, when the caller knows it (else ``None``).
+        unused_micro_batches: micro-batches seen after the bad window while training was
+            stopped, so not used (``fit`` checks once per epoch: the rest of that epoch).
+    """
+
+    def __init__(self, message: str, *, window: int, first_micro_step: int, micro_batches: int,
+                 variable: str, epoch: int | None = None, unused_micro_batches: int = 0) -> None:
+        super().__init__(message)
+        self.window = window
+        self.first_micro_step = first_micro_step
+        self.micro_batches = micro_batches
+        self.variable = variable
+        self.epoch = epoch
+        self.unused_micro_batches = unused_micro_batches
 
 
 def element_sum(tensor) -> tf.Tensor:
@@ -44,7 +71,12 @@ def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
 
 @dataclass(frozen=True)
 class NonFinitePolicy:
-    """What a non-finite gradient does.
+    """What a non-finite gradient does: one object with the whole behaviour, which the window
+    rule asks (``accumcore._impl.rule.plan``) and nothing else branches on.
+
+    The three built-in policies are instances of this class (:data:`POLICIES`, by name); a
+    policy of your own is one instance (``NonFinitePolicy("mine", should_skip=f)``) or one
+    subclass overriding the methods below.
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
@@ -64,20 +96,83 @@ class NonFinitePolicy:
     skip_window: bool = False
     should_skip: Callable[[Sequence, tf.Tensor], tf.Tensor] | None = None
 
+    @property
+    def condemns_window(self) -> bool:
+        """Whether a flagged micro-batch condemns its whole window (else only it is left out)."""
+        return self.freeze or self.skip_window
 
-#: The public ``nonfinite=`` names and the policies they stand for.
-NONFINITE = {
-    "raise": NonFinitePolicy("raise", freeze=True),
-    "skip_micro_batch": NonFinitePolicy("skip_micro_batch", should_skip=has_nonfinite),
-    "skip_window": NonFinitePolicy("skip_window", skip_window=True),
+    def admit(self, grads: Sequence, weight: tf.Tensor, accept: Callable[[], None],
+              flag: Callable[[], None]) -> tf.Tensor:
+        """Run ``accept()`` (add the micro-batch) or, when :attr:`should_skip` flags it,
+        ``flag()``. Returns whether it was added (bool scalar)."""
+        if self.should_skip is None:
+            accept()
+            return tf.constant(True)
+        added = tf.logical_not(self.should_skip(grads, weight))
+        tf.cond(added, accept, flag)
+        return added
+
+    def judge_window(self, sums: Sequence[tf.Tensor]) -> tf.Tensor:
+        """float32 scalar at the window's close: 1 if its gradient ``sums`` are not finite
+        (:func:`window_nonfinite`), else 0; always 0 when each micro-batch was checked."""
+        if self.should_skip is not None:
+            return tf.constant(0.0)
+        return window_nonfinite(sums)
+
+    def stopped(self, stop: Stop) -> tf.Tensor:
+        """bool scalar: training is stopped (``freeze``, after a bad window)."""
+        return stop.stopped if self.freeze else tf.constant(False)
+
+    def on_skip(self, stop: Stop, bad: tf.Tensor, window, counters,
+                present: Sequence[int]) -> None:
+        """Run when a window is skipped (``freeze``: the first bad one is recorded)."""
+        if self.freeze:
+            stop.record(bad, window, counters, present)
+
+    def fit_logs(self, state) -> dict:
+        """What ``fit`` logs of this policy's skips (a ``freeze`` policy raises instead)."""
+        if self.freeze:
+            return {}
+        return {"skipped_micro_batches": state.micro_batches_skipped,
+                "skipped_windows": state.windows_skipped}
+
+
+def window_nonfinite(sums: Sequence[tf.Tensor]) -> tf.Tensor:
+    """float32 scalar: 1 if an element of the window's ``sums`` is NaN or Inf, or their
+    elements add up beyond the float range (:func:`element_sum`: NaN and Inf propagate through
+    the sums, so one finite total proves every element finite), else 0."""
+    if not sums:
+        return tf.constant(0.0)
+    totals = [element_sum(s) for s in sums]
+    if len({t.dtype for t in totals}) > 1:
+        totals = [tf.cast(t, tf.float64) for t in totals]
+    return tf.cast(tf.logical_not(tf.math.is_finite(tf.add_n(totals))), tf.float32)
+
+
+#: The one registry of ``nonfinite=`` names and the policies they stand for.
+POLICIES = {
+    policy.name: policy for policy in (
+        NonFinitePolicy("raise", freeze=True),
+        NonFinitePolicy("skip_micro_batch", should_skip=has_nonfinite),
+        NonFinitePolicy("skip_window", skip_window=True),
+    )
 }
 
 
 def nonfinite_policy(nonfinite: str | NonFinitePolicy) -> NonFinitePolicy:
-    """The policy for a ``nonfinite=`` argument: one of ``NONFINITE``'s names or a policy."""
+    """The policy for a ``nonfinite=`` argument: one of :data:`POLICIES`' names or a policy.
+
+    Raises:
+        ValueError: for an unknown name, naming the accepted ones.
+    """
     if isinstance(nonfinite, NonFinitePolicy):
         return nonfinite
-    return NONFINITE[check_choice(nonfinite, "nonfinite", NONFINITE_POLICIES)]
+    if not isinstance(nonfinite, str) or nonfinite not in POLICIES:
+        raise ValueError(
+            f"Unknown `nonfinite`={nonfinite!r}; expected one of "
+            f"{', '.join(map(repr, POLICIES))}, or an accumcore.NonFinitePolicy."
+        )
+    return POLICIES[nonfinite]
 
 
 class Stop:

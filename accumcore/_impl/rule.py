@@ -1,23 +1,29 @@
-"""The window rule: a micro-batch in, a window out.
+"""The window rule, whole: a micro-batch in, a window out.
 
+* :func:`step`: one micro-batch of any entry point: :func:`add`, then :func:`close_if_due`.
 * :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
   window's accumulators and ``c_i`` to its weight ``W``.
-* :func:`close`: when the window holds K micro-batches (or any, for a flush), its mean gradient
-  ``sum_i c_i grad(L_i) / W``, the skip decision, one ``optimizer.apply`` and :func:`end`.
+* :func:`close_if_due`: whether the window holds K micro-batches (any, for a flush), decided
+  where every replica can be read; if so :func:`close`.
+* :func:`close`: the window's mean gradient ``sum_i c_i grad(L_i) / W``, the skip decision, one
+  ``optimizer.apply`` (:func:`apply_update`, the library's only one) and :func:`end`.
+* :func:`end`: every window ends there, applied, skipped or dropped.
 
-Every special case (the non-finite policy, a ``LossScaleOptimizer``, the replicas) is resolved
-once, into a :class:`Plan`, before the first step is traced: these functions branch on no flag.
+Every special case (the non-finite policy, a ``LossScaleOptimizer``, the replicas, a summed
+loss) is resolved once per (state, optimizer) into a :class:`Plan` (:func:`plan`, cached by the
+state): these functions branch on no flag.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import tensorflow as tf
 
 from accumcore._impl import loss_scaling
-from accumcore._impl.nonfinite import NonFinitePolicy, element_sum
+from accumcore._impl.nonfinite import NonFinitePolicy, Stop, window_nonfinite
 
 
 @dataclass
@@ -25,15 +31,13 @@ class Window:
     """The open window's variables: ``accumulators`` (``sum_i c_i grad(L_i)``, float32, or
     float64 for float64 variables), ``weight`` (``W = sum_i c_i``, float32), ``micro_step`` (the
     micro-batches in it, int64), ``samples`` (int64) and ``poisoned`` (int64, 1 once a flagged
-    micro-batch condemned it). ``with_gradient``: which accumulators received a gradient when
-    :func:`add` was traced (``False``: the loss does not depend on that variable)."""
+    micro-batch condemned it)."""
 
     accumulators: list
     weight: tf.Variable
     micro_step: tf.Variable
     samples: tf.Variable
     poisoned: tf.Variable
-    with_gradient: list = field(default_factory=list)
 
     @property
     def variables(self) -> list:
@@ -55,13 +59,13 @@ class Counters:
 
 @dataclass(frozen=True)
 class Plan:
-    """The rule's special cases, resolved once (:func:`plan`) into callables.
+    """The rule's special cases for one (state, optimizer), resolved once (:func:`plan`).
 
     Attributes:
         admit: ``admit(grads, weight, accept, flag) -> bool scalar``: runs ``accept()`` (add
             the micro-batch) or, if a per-micro-batch check flags it, ``flag()``.
-        poison_window: whether ``flag`` condemns the window (else only the micro-batch goes).
-        check: ``check(sums) -> float32 scalar``, 1 if the window's sums are not all finite
+        condemns_window: whether ``flag`` condemns the window (else only the micro-batch goes).
+        judge: ``judge(sums) -> float32 scalar``, 1 if the window's sums are not all finite
             at the close, else 0 (always 0: the window is not checked there).
         stopped: ``stopped() -> bool scalar``: training is stopped (``"raise"``, after a bad
             window: every window is skipped until the stop is cleared).
@@ -71,23 +75,76 @@ class Plan:
             optimizer update (whether it was applied).
         after_update: ``after_update(optimizer, applied)``, run after every closed window.
         replicas: where each step runs (``accumcore._impl.distribute``).
+        accum_steps: K, the micro-batches that make a window due.
+        normalize: whether the window's sum is divided by ``W`` (``False``: a summed loss).
+        hooks: the state's window hooks, ``hook(applied: bool)`` (window-level BatchNorm).
     """
 
     admit: Callable
-    poison_window: bool
-    check: Callable
+    condemns_window: bool
+    judge: Callable
     stopped: Callable
     on_skip: Callable
     update: Callable
     after_update: Callable
-    replicas: object
+    replicas: Any
+    accum_steps: int
+    normalize: bool
+    hooks: Sequence
+
+
+def plan(policy: NonFinitePolicy, optimizer, replicas, stop: Stop, *, accum_steps: int = 1,
+         normalize: bool = True, hooks: Sequence = ()) -> Plan:
+    """The :class:`Plan` for a non-finite ``policy``, an ``optimizer`` and the ``replicas``;
+    ``stop``: the ``"raise"`` policy's record; ``accum_steps``, ``normalize``, ``hooks``: the
+    state's.
+
+    A ``LossScaleOptimizer`` expects overflow: no micro-batch is checked, and the window is
+    checked by the optimizer's own ``apply`` (one replica) or, under a strategy, in the close's
+    one reduction, with ``LossScaleOptimizer``'s scale rule mirrored
+    (``accumcore._impl.loss_scaling``). Otherwise the policy decides (its ``admit``,
+    ``judge_window``, ``stopped`` and ``on_skip``).
+    """
+    common = dict(replicas=replicas, accum_steps=accum_steps, normalize=normalize, hooks=hooks)
+    if loss_scaling.is_loss_scale_optimizer(optimizer):
+        if not replicas.distributed:
+            return Plan(_admit_all, False, _no_check, _never, _nothing, apply_update, _nothing,
+                        **common)
+        return Plan(_admit_all, False, window_nonfinite, _never, _nothing, _apply_unscaled,
+                    loss_scaling.update_scale, **common)
+
+    def stopped() -> tf.Tensor:
+        return policy.stopped(stop)
+
+    def on_skip(bad, window, counters, present) -> None:
+        policy.on_skip(stop, bad, window, counters, present)
+
+    return Plan(policy.admit, policy.condemns_window, policy.judge_window, stopped, on_skip,
+                apply_update, _nothing, **common)
+
+
+def present_of(grads: Sequence) -> tuple[int, ...]:
+    """The indices of the variables that have a gradient in ``grads`` (``None``: the loss does
+    not depend on that variable, so the window leaves it to the optimizer untouched)."""
+    return tuple(i for i, g in enumerate(grads) if g is not None)
+
+
+def step(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+         grads: Sequence, weight: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
+    """One micro-batch: :func:`add`, then :func:`close_if_due` where the replicas can be read
+    (replica context under a strategy; ``merge_call`` unconditionally). Returns whether an
+    optimizer update was applied (bool scalar)."""
+    add(window, counters, plan, grads, weight, samples)
+    present = present_of(grads)
+    return plan.replicas.decide(lambda: close_if_due(
+        window, counters, plan, optimizer, variables, present, force=False))
 
 
 def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight: tf.Tensor,
-        samples: tf.Tensor, distributed: bool) -> tf.Tensor:
+        samples: tf.Tensor) -> tf.Tensor:
     """Add one micro-batch (``grads`` of its summed loss, its weight ``c_i``, its samples) and
     count it into the window. Returns whether it was added (bool scalar)."""
-    window.with_gradient = [g is not None for g in grads]
+    distributed = plan.replicas.distributed
 
     def accept() -> None:
         for accumulator, g in zip(window.accumulators, grads, strict=True):
@@ -98,7 +155,7 @@ def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight:
     def flag() -> None:
         counters.micro_batches_skipped.assign_add(1)
         counters.samples_dropped.assign_add(samples)
-        window.poisoned.assign_add(int(plan.poison_window))
+        window.poisoned.assign_add(int(plan.condemns_window))
 
     added = plan.admit(grads, weight, accept, flag)
     window.micro_step.assign_add(1)
@@ -107,14 +164,25 @@ def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight:
     return added
 
 
+def close_if_due(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+                 present: Sequence[int], *, force: bool) -> tf.Tensor:
+    """Close the window if it holds K micro-batches (any, with ``force``: a flush); under a
+    strategy in cross-replica context, where the replicas' counts agree (lockstep). Returns
+    whether an optimizer update was applied (bool scalar)."""
+    count = plan.replicas.first(window.micro_step)
+    due = count > 0 if force else count >= plan.accum_steps
+    return tf.cond(due, lambda: close(window, counters, plan, optimizer, variables, present),
+                   lambda: tf.constant(False))
+
+
 def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
-          normalize: bool, hooks: Sequence) -> tf.Tensor:
+          present: Sequence[int]) -> tf.Tensor:
     """Close the window: its status reduced over the replicas (one reduction), the verdict,
-    ``sum / W`` applied once unless the window is skipped, then :func:`end`. Returns whether
-    an optimizer update was applied (bool scalar)."""
-    present = [i for i, has in enumerate(window.with_gradient) if has]
+    ``sum / W`` applied once to the variables in ``present`` unless the window is skipped,
+    then :func:`end`. Returns whether an optimizer update was applied (bool scalar)."""
+    present = list(present)
     weight, poisoned, samples, nonfinite, sums = plan.replicas.reduce_window(
-        window, present, plan.check, optimizer)
+        window, present, plan.judge, optimizer)
     bad = tf.logical_or(tf.logical_or(poisoned > 0, nonfinite > 0),
                         tf.logical_not(tf.math.is_finite(weight)))
     skip = tf.logical_or(tf.logical_or(bad, samples <= 0), plan.stopped())
@@ -126,14 +194,14 @@ def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: 
     def apply_mean(*shares) -> tf.Tensor:
         totals = shares or [window.accumulators[i].value() for i in present]
         grads = [None] * len(window.accumulators)
-        scale = tf.math.divide_no_nan(1.0, weight) if normalize else tf.constant(1.0)
+        scale = tf.math.divide_no_nan(1.0, weight)
         for i, total in zip(present, totals, strict=True):  # sum * (1 / W): one multiply
-            grads[i] = total * tf.cast(scale, total.dtype) if normalize else total
+            grads[i] = total * tf.cast(scale, total.dtype) if plan.normalize else total
         return plan.update(optimizer, variables, grads)
 
     applied = tf.cond(skip, skipped, lambda: plan.replicas.on_replicas(apply_mean, sums))
     plan.after_update(optimizer, applied)
-    return end(window, counters, plan.replicas, applied, hooks)
+    return end(window, counters, plan.replicas, applied, plan.hooks)
 
 
 def end(window: Window, counters: Counters, replicas, applied: tf.Tensor | bool,
@@ -203,52 +271,9 @@ def _admit_all(grads, weight, accept: Callable, flag: Callable) -> tf.Tensor:
     return tf.constant(True)
 
 
-def _admit_unless(should_skip: Callable) -> Callable:
-    def admit(grads, weight, accept: Callable, flag: Callable) -> tf.Tensor:
-        added = tf.logical_not(should_skip(grads, weight))
-        tf.cond(added, accept, flag)
-        return added
-    return admit
-
-
 def _no_check(sums: Sequence) -> tf.Tensor:
     return tf.constant(0.0)
 
 
 def _never() -> tf.Tensor:
     return tf.constant(False)
-
-
-def plan(policy: NonFinitePolicy, optimizer, replicas, stop) -> Plan:
-    """The :class:`Plan` for a non-finite ``policy``, an ``optimizer`` and the ``replicas``;
-    ``stop``: the ``"raise"`` policy's record (``accumcore._impl.nonfinite.Stop``).
-
-    A ``LossScaleOptimizer`` expects overflow: no micro-batch is checked, and the window is
-    checked by the optimizer's own ``apply`` (one replica) or, under a strategy, in the close's
-    one reduction, with ``LossScaleOptimizer``'s scale rule mirrored
-    (``accumcore._impl.loss_scaling``). Otherwise ``"raise"`` and ``"skip_window"`` check the window
-    at its close and ``"skip_micro_batch"`` (or a policy's own ``should_skip``) each micro-batch.
-    """
-    if loss_scaling.is_loss_scale_optimizer(optimizer):
-        if not replicas.distributed:
-            return Plan(_admit_all, False, _no_check, _never, _nothing, apply_update, _nothing,
-                        replicas)
-        return Plan(_admit_all, False, window_nonfinite, _never, _nothing, _apply_unscaled,
-                    loss_scaling.update_scale, replicas)
-    admit = _admit_all if policy.should_skip is None else _admit_unless(policy.should_skip)
-    return Plan(admit, policy.skip_window or policy.freeze,
-                window_nonfinite if policy.should_skip is None else _no_check,
-                (lambda: stop.stopped) if policy.freeze else _never,
-                stop.record if policy.freeze else _nothing, apply_update, _nothing, replicas)
-
-
-def window_nonfinite(sums: Sequence[tf.Tensor]) -> tf.Tensor:
-    """float32 scalar: 1 if an element of the window's ``sums`` is NaN or Inf, or their
-    elements add up beyond the float range (``element_sum``: NaN and Inf propagate through the
-    sums, so one finite total proves every element finite), else 0."""
-    if not sums:
-        return tf.constant(0.0)
-    totals = [element_sum(s) for s in sums]
-    if len({t.dtype for t in totals}) > 1:
-        totals = [tf.cast(t, tf.float64) for t in totals]
-    return tf.cast(tf.logical_not(tf.math.is_finite(tf.add_n(totals))), tf.float32)

@@ -7,23 +7,27 @@ optimizer's ``apply`` runs once. So the optimizer sees the gradient of the mean 
 whole window, the large-batch gradient, and iterations, learning-rate schedules, Adam's bias
 correction, clipping, weight decay and EMA all advance once per window.
 
-Like optax's ``MultiSteps``, all mutable accumulation state lives in this one object; the
-rule itself is ``accumcore._impl.rule`` (add, close, end), its special cases resolved once per
-trace into a ``rule.Plan``. The variables are made by ``accumcore._impl.layout`` under the
-names checkpoints know; ``accumcore._impl.distribute`` says where each step runs under a
-``tf.distribute`` strategy.
+Like optax's ``MultiSteps``, all mutable accumulation state lives in this one object, with its
+:class:`~accumcore._impl.settings.Settings`; the rule itself is ``accumcore._impl.rule`` (step,
+add, close, end), its special cases resolved once per optimizer into a ``rule.Plan`` that the
+state caches. The variables are made here, under the names checkpoints know (:data:`SCALARS`);
+``accumcore._impl.distribute`` says where each step runs under a ``tf.distribute`` strategy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import tensorflow as tf
 
-from accumcore._impl import distribute, layout, rule
-from accumcore._impl.config import check_accum_steps
-from accumcore._impl.layout import variable_name
-from accumcore._impl.nonfinite import NonFinitePolicy, nonfinite_policy
+from accumcore._impl import distribute, rule, settings
+from accumcore._impl.batchnorm import attach_window_layers
+from accumcore._impl.nonfinite import NonFinitePolicy, Stop
+from accumcore._impl.rule import Counters, Window
+
+logger = logging.getLogger("accumcore")
 
 #: The error for a summed loss under a strategy (``accumcore._impl.entry`` raises it too).
 SUM_UNDER_STRATEGY = (
@@ -57,28 +61,52 @@ class AccumulationState(tf.Module):
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    ``accumcore._impl.layout.SCALARS``: the window's and the run's counters (the ``"raise"``
+    ``accumcore._impl.SCALARS``: the window's and the run's counters (the ``"raise"``
     policy's stop is in no checkpoint). :meth:`variables_for_saving` lists them.
     """
 
     def __init__(self, accum_steps: int, *, nonfinite: str | NonFinitePolicy = "raise",
                  name: str = "accumulation") -> None:
         super().__init__(name=name)
-        self.accum_steps = check_accum_steps(accum_steps)
-        self.nonfinite = nonfinite
+        self._settings = _Untracked(settings.resolve(accum_steps=accum_steps,
+                                                     nonfinite=nonfinite))
         self.accumulators: list[tf.Variable] = []
         self._variables = _Untracked(())
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
-        #: Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (the
-        #: default, for mean losses); ``False`` applies it as it is, for losses that are
-        #: already sums (``reduction="sum"``). Set from the loss by ``accumcore._impl.entry``.
-        self.normalize = True
+        self._plans = _Untracked({})  # rule.Plan by optimizer id, made once each
+        self._weighting = _Untracked("auto")
+        self._present = _Untracked(())  # the variables with a gradient (rule.present_of)
+        #: The call that applies a pending window, for the object the user holds (messages
+        #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
+        self.flush_call = "`state.flush(optimizer)`"
         #: Where the rule's steps run (``Replicas``; see build).
         self.replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
         #: skipped or dropped. Layers with per-window state (window-level BatchNorm) register.
         self.window_hooks: list = []
+
+    # ------------------------------------------------------------------ settings
+    @property
+    def settings(self) -> settings.Settings:
+        """The accumulation settings (K, the non-finite policy, the end-of-epoch policy, the
+        normaliser as given); assign a new ``Settings`` (``settings.resolve``) between
+        windows."""
+        return self._settings.value
+
+    @settings.setter
+    def settings(self, value: settings.Settings) -> None:
+        self._settings = _Untracked(value)
+        self._plans.value.clear()  # the plans captured the old settings
+
+    @property
+    def accum_steps(self) -> int:
+        """K, the micro-batches per optimizer update."""
+        return self.settings.accum_steps
+
+    @accum_steps.setter
+    def accum_steps(self, value: int) -> None:
+        self.settings = settings.resolve(self.settings, accum_steps=value)
 
     @property
     def nonfinite(self) -> str:
@@ -87,7 +115,26 @@ class AccumulationState(tf.Module):
 
     @nonfinite.setter
     def nonfinite(self, value: str | NonFinitePolicy) -> None:
-        self.nonfinite_policy = nonfinite_policy(value)
+        self.settings = settings.resolve(self.settings, nonfinite=value)
+
+    @property
+    def nonfinite_policy(self) -> NonFinitePolicy:
+        """The :class:`~accumcore.NonFinitePolicy` in force."""
+        return self.settings.nonfinite
+
+    @property
+    def weighting(self) -> str | Callable:
+        """What each micro-batch is weighed by, resolved from the loss
+        (``accumcore._impl.gradients.resolve_normalizer``): ``"auto"`` (what the loss divided
+        by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` (a summed loss: the
+        window's sum is applied undivided)."""
+        return self._weighting.value
+
+    @property
+    def normalize(self) -> bool:
+        """Whether the window's gradient sum is divided by its weight ``sum_i c_i`` (``False``
+        for a summed loss, ``reduction="sum"``)."""
+        return self.weighting != "sum"
 
     # ------------------------------------------------------------------ building
     @property
@@ -117,15 +164,16 @@ class AccumulationState(tf.Module):
         """
         variables = list(variables)
         if not variables:
-            raise ValueError(layout.NO_VARIABLES)
+            raise ValueError(NO_VARIABLES)
         if self.built:
             if self.same_variables(variables):
                 return False
-            layout.check_can_follow(self._variables.value, variables,
-                                    self.pending_micro_batches(), self.replicas.distributed)
+            check_can_follow(self._variables.value, variables, self.pending_micro_batches(),
+                             self.replicas.distributed, self.flush_call)
             with tf.init_scope():  # a new list: tracked lists must only grow to stay saveable
-                self.accumulators = layout.new_accumulators(variables, self.replicas.placement)
+                self.accumulators = new_accumulators(variables, self.replicas.placement)
             self.replicas.forget()  # compiled closes captured the old accumulators
+            self._plans.value.clear()
         else:
             strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
             self.replicas = distribute.replicas(strategy)
@@ -133,18 +181,19 @@ class AccumulationState(tf.Module):
                 # Extend the tracked list in place (not re-assign it) so that a checkpoint read
                 # before the state was built restores the accumulators when they are created.
                 self.accumulators.extend(
-                    layout.new_accumulators(variables, self.replicas.placement))
-                saved, unsaved = layout.new_scalars(self.replicas.placement)
+                    new_accumulators(variables, self.replicas.placement))
+                saved, unsaved = new_scalars(self.replicas.placement)
             for name, variable in saved.items():
                 setattr(self, name, variable)
             self._unsaved = _Untracked(unsaved)  # untracked: in no checkpoint
         self._variables = _Untracked(tuple(variables))  # the model's: not the state's to save
-        self._pieces = _Untracked(layout.pieces(self, self._unsaved.value))
+        self._pieces = _Untracked(pieces(self, self._unsaved.value))
+        self._present = _Untracked(tuple(range(len(variables))))
         return True
 
     def same_variables(self, variables: Sequence) -> bool:
         """Whether ``variables`` are exactly the ones the accumulators were built for."""
-        return layout.same_variables(self._variables.value, variables)
+        return same_variables(self._variables.value, variables)
 
     @property
     def variables_accumulated(self) -> tuple:
@@ -161,7 +210,7 @@ class AccumulationState(tf.Module):
 
     def _check_built(self) -> None:
         if not self.built:
-            raise ValueError(layout.NOT_BUILT)
+            raise ValueError(NOT_BUILT)
 
     @property
     def strategy(self) -> tf.distribute.Strategy | None:
@@ -174,7 +223,7 @@ class AccumulationState(tf.Module):
         ``window_poisoned`` (the order of the entries of ``.keras`` files). The ``"raise"``
         policy's stop is not saved: a stopped state is not saved stopped."""
         self._check_built()
-        return [*self.accumulators, *(getattr(self, s.name) for s in layout.SCALARS if s.saved)]
+        return [*self.accumulators, *(getattr(self, s.name) for s in SCALARS if s.saved)]
 
     def counters(self) -> dict[str, int | float]:
         """The counters as Python numbers (reads the variables; call outside graphs): the
@@ -183,7 +232,7 @@ class AccumulationState(tf.Module):
         self._check_built()
         return {
             s.name: (float if isinstance(s.initial, float) else int)(getattr(self, s.name).numpy())
-            for s in layout.SCALARS if s.reported
+            for s in SCALARS if s.reported
         }
 
     # ------------------------------------------------------------------ the rule's steps
@@ -204,24 +253,27 @@ class AccumulationState(tf.Module):
             check left it out).
         """
         window, counters, _ = self._pieces_checked()
-        layout.check_gradients(grads, self.accumulators)
-        return rule.add(window, counters, self._plan(optimizer), grads,
-                        tf.cast(weight, tf.float32), tf.cast(samples, tf.int64),
-                        self.replicas.distributed)
+        check_gradients(grads, self.accumulators)
+        self._present = _Untracked(rule.present_of(grads))
+        return rule.add(window, counters, self.plan(optimizer), grads,
+                        tf.cast(weight, tf.float32), tf.cast(samples, tf.int64))
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
         """:meth:`accumulate` one micro-batch, then close the window if it holds K: the whole
-        per-micro-batch rule of every entry point. Graph-safe; under a strategy it runs in
-        replica context.
+        per-micro-batch rule of every entry point (``accumcore._impl.rule.step``). Graph-safe;
+        under a strategy it runs in replica context.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
         """
-        self._check_built()
-        layout.check_variables(self._variables.value, variables)
+        window, counters, _ = self._pieces_checked()
+        check_variables(self._variables.value, variables)
+        check_gradients(grads, self.accumulators)
         self.replicas.require_replica_context()
-        self.accumulate(grads, weight, samples, optimizer)
-        return self.replicas.decide(lambda: self._close_if_due(optimizer, force=False))
+        self._present = _Untracked(rule.present_of(grads))
+        return rule.step(window, counters, self.plan(optimizer), optimizer,
+                         list(self._variables.value), grads, tf.cast(weight, tf.float32),
+                         tf.cast(samples, tf.int64))
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
@@ -238,34 +290,99 @@ class AccumulationState(tf.Module):
         Returns:
             bool scalar: whether an optimizer update was applied.
         """
-        self._check_built()
+        window, counters, _ = self._pieces_checked()
         if variables is not None and not self.replicas.distributed and not optimizer.built:
             with tf.init_scope():
                 optimizer.build(list(variables))
         if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
-        key = (id(optimizer), *map(id, self._variables.value))
-        return self.replicas.decide(lambda: self._close_if_due(optimizer, force=True), key)
+        plan, present = self.plan(optimizer), self._present.value
+        key = (id(optimizer), present, *map(id, self._variables.value))
+        return self.replicas.decide(lambda: rule.close_if_due(
+            window, counters, plan, optimizer, list(self._variables.value), present,
+            force=True), key)
 
     def drop_window(self) -> None:
         """Discard the current window unapplied (counted in ``samples_dropped`` only)."""
         window, counters, _ = self._pieces_checked()
         rule.end(window, counters, self.replicas, False, self.window_hooks, counted=False)
 
-    def _plan(self, optimizer) -> rule.Plan:
-        return rule.plan(self.nonfinite_policy, optimizer, self.replicas,
-                         self._pieces_checked()[2])
+    def plan(self, optimizer) -> rule.Plan:
+        """The rule's :class:`~accumcore._impl.rule.Plan` for ``optimizer``: made once per
+        optimizer (and again after the settings, the weighting or the accumulators change)."""
+        plans = self._plans.value
+        if id(optimizer) not in plans:
+            plans[id(optimizer)] = rule.plan(
+                self.nonfinite_policy, optimizer, self.replicas, self._pieces_checked()[2],
+                accum_steps=self.accum_steps, normalize=self.normalize,
+                hooks=self.window_hooks)
+        return plans[id(optimizer)]
 
-    def _close_if_due(self, optimizer, *, force: bool) -> tf.Tensor:
-        """Close the window if it holds K micro-batches (any, with ``force``); under a
-        strategy in cross-replica context, where the replicas' counts agree (lockstep)."""
-        window, counters, _ = self._pieces_checked()
-        count = self.replicas.first(window.micro_step)
-        due = count > 0 if force else count >= self.accum_steps
-        variables = list(self._variables.value)
-        return tf.cond(due, lambda: rule.close(
-            window, counters, self._plan(optimizer), optimizer, variables, self.normalize,
-            self.window_hooks), lambda: tf.constant(False))
+    # ------------------------------------------------------------------ around the steps
+    def prepare(self, model, weighting: str | Callable | None = None, *,
+                distributed: bool = False) -> bool:
+        """Ready the state for training ``model`` (inside ``strategy.scope()`` under a
+        strategy): build the accumulators for ``model.trainable_variables`` (or follow a
+        changed set: :meth:`build`), set :attr:`weighting` (``None``: unchanged) and attach
+        ``model``'s window-level BatchNorm layers. Every entry point calls this before
+        training.
+
+        Returns:
+            Whether accumulators were created now (first build or a new trainable set).
+
+        Raises:
+            ValueError: for a summed loss (``weighting="sum"``) under a strategy.
+        """
+        if weighting == "sum" and distributed:
+            raise ValueError(SUM_UNDER_STRATEGY)
+        created = self.build(model.trainable_variables)
+        if weighting is not None and weighting != self.weighting:
+            self._weighting = _Untracked(weighting)
+            self._plans.value.clear()
+        attach_window_layers(model, self)  # window-level BN: one update per window
+        return created
+
+    def end_epoch(self, policy: str, optimizer, variables: Sequence | None = None,
+                  epoch: int | None = None) -> str | None:
+        """Apply an end-of-epoch policy to the pending partial window (from Python; under a
+        strategy in cross-replica context).
+
+        Args:
+            policy: ``"apply"`` (one update with the window's true weight:
+                :meth:`apply_window`), ``"drop"`` (discard it, counted in ``samples_dropped``;
+                logged as a warning) or ``"carry"`` (keep it; logged).
+            optimizer: the Keras optimizer, for ``"apply"``.
+            variables: the model's current trainable variables (see :meth:`apply_window`).
+            epoch: the epoch that ended, for the log line.
+
+        Returns:
+            ``None`` if no window was pending (nothing done), else what was done:
+            ``"applied"`` (an optimizer update), ``"skipped"`` (``"apply"``, but the window
+            was skipped: non-finite, or training stopped), ``"dropped"`` or ``"carried"``.
+        """
+        pending = self.pending_micro_batches()
+        if pending == 0:
+            return None
+        if policy == "apply":
+            return "applied" if bool(self.apply_window(optimizer, variables)) else "skipped"
+        where = f" at the end of epoch {epoch}" if epoch is not None else ""
+        if policy == "drop":
+            logger.warning(
+                "end_of_epoch='drop': discarding a partial window of %d micro-batches "
+                "(%d samples)%s.", pending, int(self.window_samples.numpy()), where)
+            self.drop_window()
+            return "dropped"
+        logger.info("end_of_epoch='carry': %d micro-batches carried into the next epoch.",
+                    pending)
+        return "carried"
+
+    def flush(self, optimizer, variables: Sequence | None = None) -> bool:
+        """Apply the pending partial window now, with its true weight (no-op when empty).
+
+        Returns:
+            Whether an optimizer update was applied.
+        """
+        return self.end_epoch("apply", optimizer, variables) == "applied"
 
     # ------------------------------------------------------------------ the "raise" stop
     def raise_if_nonfinite(self, epoch: int | None = None) -> None:
@@ -296,3 +413,187 @@ class AccumulationState(tf.Module):
 
     def get_config(self) -> dict:
         return {"accum_steps": self.accum_steps, "nonfinite": self.nonfinite}
+
+
+
+# ---------------------------------------------------------------------------- the state's variables
+def accumulator_dtype(variable_dtype: tf.DType) -> tf.DType:
+    """float32 for float16/bfloat16/float32 variables, float64 for float64 variables."""
+    return tf.float64 if variable_dtype == tf.float64 else tf.float32
+
+
+def variable_dtype(variable) -> tf.DType:
+    """A (Keras or TensorFlow) variable's dtype, as a ``tf.DType``."""
+    return tf.as_dtype(getattr(variable, "dtype", tf.float32))
+
+
+def variable_name(variable) -> str:
+    """A variable's path (Keras 3) or name."""
+    return getattr(variable, "path", None) or variable.name
+
+
+def describe_change(old: list[str], new: list[str]) -> str:
+    """``"+a/kernel, -b/bias"``: variables that became trainable (+) or frozen (-)."""
+    added = [f"+{n}" for n in new if n not in old]
+    removed = [f"-{n}" for n in old if n not in new]
+    parts = added + removed
+    return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
+
+
+class Scalar(NamedTuple):
+    """One scalar variable of the state (int64, or float32 for a float ``initial``; an int64
+    vector for a tuple ``initial``: the stop's record)."""
+
+    name: str
+    initial: int | float | tuple
+    summed: bool  # under a strategy: SUM over the replicas (else the first replica's value)
+    reported: bool  # in counters()
+    saved: bool  # in variables_for_saving()
+
+
+#: Every scalar of the state, in the order of ``variables_for_saving`` (after the
+#: accumulators; the order of the numbered entries ``AccumulationStore`` writes to ``.keras``
+#: files: never reorder).
+SCALARS = (
+    Scalar("window_weight", 0.0, summed=True, reported=True, saved=True),
+    Scalar("micro_step", 0, summed=False, reported=True, saved=True),
+    Scalar("window_samples", 0, summed=True, reported=True, saved=True),
+    Scalar("windows_applied", 0, summed=False, reported=True, saved=True),
+    Scalar("windows_skipped", 0, summed=False, reported=True, saved=True),
+    Scalar("micro_batches_seen", 0, summed=False, reported=True, saved=True),
+    # Summed: under a strategy each replica skips its own shard of a micro-batch.
+    Scalar("micro_batches_skipped", 0, summed=True, reported=True, saved=True),
+    Scalar("samples_seen", 0, summed=True, reported=True, saved=True),
+    Scalar("samples_dropped", 0, summed=True, reported=True, saved=True),
+    Scalar("window_poisoned", 0, summed=False, reported=False, saved=True),
+    # The "raise" policy's stop (accumcore._impl.nonfinite.Stop): the bad window, its first
+    # micro-batch and size, its first non-finite variable; -1 each while not stopped.
+    Scalar("nonfinite_stop", (-1, -1, -1, -1), summed=False, reported=False, saved=False),
+)
+
+
+def saved_micro_step(values: Sequence) -> int:
+    """The pending window's micro-batch count in saved values (``variables_for_saving``).
+
+    Readable without building a state (e.g. to refuse loading a partial window into a model
+    that has nothing to apply it to): the saved scalars come last, in :data:`SCALARS` order.
+    """
+    saved = [s.name for s in SCALARS if s.saved]
+    index = len(values) - len(saved) + saved.index("micro_step")
+    return int(values[index]) if 0 <= index < len(values) else 0
+
+
+#: The error for using a state before :meth:`~accumcore.AccumulationState.build`.
+NOT_BUILT = ("AccumulationState is not built: call `state.build(model.trainable_variables)` "
+             "once the model has variables.")
+
+#: The error for building a state from no variables (an unbuilt model).
+NO_VARIABLES = (
+    "The model has no trainable variables yet, so there is nothing to accumulate. "
+    "Build the model first: call it on one batch, call `model.build(input_shape)`, "
+    "or start it with `keras.Input(shape=...)`."
+)
+
+
+def new_accumulators(variables: Sequence, placement: Callable[..., dict]) -> list[tf.Variable]:
+    """Zero accumulators, one per variable (float32; float64 for float64 variables).
+
+    ``placement(summed)``: the ``tf.Variable`` keywords that place a variable on the replicas
+    (``accumcore._impl.distribute.Replicas.placement``). Call in ``tf.init_scope``.
+    """
+    return [
+        tf.Variable(tf.zeros(v.shape, accumulator_dtype(variable_dtype(v))),
+                    trainable=False, name=f"accum_{i}", **placement(summed=True))
+        for i, v in enumerate(variables)
+    ]
+
+
+def new_scalars(placement: Callable[..., dict]) -> tuple[dict, dict]:
+    """Every scalar of :data:`SCALARS` at its initial value, by name: ``(saved, unsaved)``
+    (``placement``: as for :func:`new_accumulators`). The state tracks the saved ones; the
+    unsaved one (the non-finite stop) is in no checkpoint: a state is not saved stopped."""
+    made = {
+        s.name: tf.Variable(
+            tf.constant(s.initial, tf.float32 if isinstance(s.initial, float) else tf.int64),
+            trainable=False, name=s.name, **placement(s.summed))
+        for s in SCALARS
+    }
+    saved = {s.name: made[s.name] for s in SCALARS if s.saved}
+    return saved, {name: v for name, v in made.items() if name not in saved}
+
+
+def pieces(state, unsaved: dict[str, tf.Variable]) -> tuple[Window, Counters, Stop]:
+    """The ``Window``, ``Counters`` and ``Stop`` over a built state's variables (``unsaved``:
+    the scalars not saved, by name, which the state keeps out of checkpoints)."""
+    s = state
+    window = Window(s.accumulators, s.window_weight, s.micro_step, s.window_samples,
+                    s.window_poisoned)
+    counters = Counters(*(getattr(s, name) for name in COUNTERS))
+    return window, counters, Stop(unsaved["nonfinite_stop"], state.replicas.parts)
+
+
+#: The run-long counters, in ``rule.Counters`` order.
+COUNTERS = ("windows_applied", "windows_skipped", "micro_batches_seen",
+            "micro_batches_skipped", "samples_seen", "samples_dropped")
+
+
+def same_variables(built: Sequence, variables: Sequence) -> bool:
+    """Whether ``variables`` are exactly ``built``: the same objects, in the same order."""
+    variables = tuple(variables)
+    return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
+
+
+def check_can_follow(built: Sequence, variables: Sequence, pending: int,
+                     distributed: bool, flush_call: str) -> None:
+    """Raise unless the accumulators may follow the trainable set from ``built`` to
+    ``variables`` now: the window is empty (``pending`` micro-batches; the error names
+    ``flush_call``), and a state built under a strategy is re-built inside its scope."""
+    if pending:
+        old = [variable_name(v) for v in built]
+        new = [variable_name(v) for v in variables]
+        raise ValueError(
+            f"The trainable variables changed ({len(old)} -> {len(new)} variables: "
+            f"{describe_change(old, new)}) while a window of {pending} micro-batches is "
+            f"pending. Its gradients belong to the old set: apply it first with {flush_call}, "
+            "then change `trainable` (or train on: the next `fit` after `compile` follows "
+            "the new set)."
+        )
+    if distributed and not tf.distribute.has_strategy():
+        raise ValueError(
+            "This AccumulationState was built under a tf.distribute strategy: re-build it "
+            "for the new trainable set inside `strategy.scope()`."
+        )
+
+
+def check_gradients(grads: Sequence, accumulators: Sequence[tf.Variable]) -> None:
+    """Raise unless ``grads`` are one per accumulator, in order (compatible shapes)."""
+    if len(grads) != len(accumulators):
+        raise ValueError(
+            f"Got {len(grads)} gradients for {len(accumulators)} accumulators: "
+            "`grads` must match the trainable variables the state was built from, one per "
+            "variable and in the same order (use `tape.gradient(loss, "
+            "model.trainable_variables)`)."
+        )
+    for g, acc in zip(grads, accumulators):
+        if g is not None and g.shape.rank is not None and acc.shape.rank is not None:
+            shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else g.shape
+            if isinstance(shape, tf.TensorShape) and not shape.is_compatible_with(acc.shape):
+                raise ValueError(
+                    f"Gradient of shape {shape} does not match accumulator "
+                    f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
+                    "trainable variables the state was built from."
+                )
+
+
+def check_variables(built: Sequence, variables: Sequence) -> None:
+    """Raise unless ``variables`` are the ones the accumulators were built for (``built``)."""
+    if not same_variables(built, variables):
+        names = [variable_name(v) for v in variables]
+        built_names = [variable_name(v) for v in built]
+        raise ValueError(
+            f"The trainable variables ({len(names)}) are not the ones the accumulators "
+            f"were built for ({len(built_names)}; {describe_change(built_names, names)}): a "
+            "layer was frozen or unfrozen. Call `state.build(model.trainable_variables)` "
+            "with an empty window before the next step (AccumTrainer does this itself, "
+            "`AccumModel.fit` after `compile`), and retrace compiled steps."
+        )

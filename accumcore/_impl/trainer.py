@@ -1,4 +1,5 @@
-"""Custom training loops over one :class:`~accumcore.AccumulationState`.
+"""The custom-loop side: :class:`AccumTrainer`, custom training loops over one
+:class:`~accumcore.AccumulationState`.
 
 :class:`AccumTrainer` offers three ways to run the same update rule:
 
@@ -19,21 +20,27 @@ from collections.abc import Callable
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import building, datasets, distribute, entry, epoch_loop, micro_steps
-from accumcore._impl.config import (
+from accumcore._impl import datasets, distribute, epoch_loop, settings
+from accumcore._impl.denominators import CountedLoss
+from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
+from accumcore._impl.gradients import (
+    as_loss_fn,
+    first_leaf,
+    replica_loss_factor,
+    resolve_normalizer,
+    summed_loss_gradients,
+)
+from accumcore._impl.nonfinite import NonFinitePolicy
+from accumcore._impl.settings import (
     check_choice,
-    check_settings,
     get_optimizer,
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore._impl.denominators import CountedLoss
-from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
-from accumcore._impl.gradients import as_loss_fn, resolve_normalizer
-from accumcore._impl.nonfinite import NonFinitePolicy
-from accumcore._impl.state import AccumulationState
+from accumcore._impl.state import AccumulationState, variable_name
 
 MODES = ("eager", "function", "graph")
 
@@ -103,15 +110,15 @@ class AccumTrainer:
         )
         self.model = model
         self.loss = as_loss_fn(loss)
-        # The loss differentiated: a CountedLoss (reports what it divides by) + model.losses.
-        self._loss_of = functools.partial(micro_steps.loss_of, CountedLoss(self.loss), model)
-        settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
-        self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
-        # What the window rule uses: the normaliser matching the loss's reduction.
-        self._normalizer = resolve_normalizer(self.normalizer, loss)
+        self._counted_loss = CountedLoss(self.loss)  # reports what it divides by
+        self.state = AccumulationState(k, nonfinite=nonfinite)
+        self.state.settings = settings.resolve(self.state.settings, end_of_epoch=end_of_epoch,
+                                               normalizer=normalizer)
+        self.state.flush_call = "`trainer.flush()`"
+        # What the window rule weighs by: the normaliser matching the loss's reduction.
+        self._weighting = resolve_normalizer(normalizer, loss)
         self.jit_compile = bool(jit_compile)
         self.micro_batch_size = micro_batch_size
-        self.state = AccumulationState(k, nonfinite=nonfinite)
         self._reset_functions()
         self.optimizer = optimizer
         self.epoch = 0
@@ -122,10 +129,10 @@ class AccumTrainer:
         self._micro_fn = None
         self._epoch_fn = tf.function(
             functools.partial(epoch_loop.epoch_in_graph, self._run_micro_step), jit_compile=False)
-        split = functools.partial(micro_steps.split_window, self, self._loss_of, self._normalizer)
-        self._window_fn = tf.function(split, reduce_retracing=True, jit_compile=self.jit_compile)
-        # window_step without XLA, for batches K does not divide (micro_steps.ragged_under_xla)
-        self._window_ragged_fn = tf.function(split, reduce_retracing=True)
+        self._window_fn = tf.function(self._split_window, reduce_retracing=True,
+                                      jit_compile=self.jit_compile)
+        # window_step without XLA, for batches K does not divide (_ragged_under_xla)
+        self._window_ragged_fn = tf.function(self._split_window, reduce_retracing=True)
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -144,7 +151,18 @@ class AccumTrainer:
 
     @property
     def accum_steps(self) -> int:
+        """K, micro-batches per optimizer update (held by :attr:`state`)."""
         return self.state.accum_steps
+
+    @property
+    def end_of_epoch(self) -> str:
+        """What a partial window does at the end of an epoch (held by :attr:`state`)."""
+        return self.state.settings.end_of_epoch
+
+    @property
+    def normalizer(self) -> str | Callable:
+        """How each micro-batch is weighed, as given (held by :attr:`state`)."""
+        return self.state.settings.normalizer
 
     # ------------------------------------------------------------------ building
     def build(self, x: Any) -> None:
@@ -155,22 +173,84 @@ class AccumTrainer:
         """
         self._strategy = strategy = distribute.model_strategy(self.model)
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            self._optimizer_variables = building.build_model_and_optimizer(
-                self.model, self.state, self.optimizer, distribute.first_local(strategy, x),
-                self._optimizer_variables)
+            self._build_model_and_optimizer(distribute.first_local(strategy, x))
             # First build, or accumulators for a new trainable set: compiled steps are retraced.
-            if entry.prepare(self.state, self.model, self._normalizer,
-                             distributed=strategy is not None):
+            if self.state.prepare(self.model, self._weighting, distributed=strategy is not None):
                 self._reset_functions()
+
+    def _build_model_and_optimizer(self, x: Any) -> None:
+        """Build the model (called on the micro-batch ``x`` if unbuilt) and the optimizer,
+        checking a trainable set that differs from the one the state was built for."""
+        model = self.model
+        if not model.built or not model.trainable_variables:
+            try:
+                model(x, training=False)
+            except Exception as err:  # noqa: BLE001 - re-raised with context
+                raise ValueError(
+                    "Could not build `model` by calling it on the first micro-batch "
+                    f"(input shape {getattr(first_leaf(x), 'shape', '?')}): {err}. Build it "
+                    "explicitly with `model.build(input_shape)` or start it with keras.Input. "
+                    "If the dataset yields single samples, batch it into micro-batches: "
+                    "`dataset.batch(b)`."
+                ) from err
+        variables = model.trainable_variables
+        if self.state.built and not self.state.same_variables(variables):
+            self._check_new_trainable_set(variables)
+        if not self.optimizer.built:
+            self.optimizer.build(variables)
+        if self._optimizer_variables is None:
+            self._optimizer_variables = {id(v) for v in variables}
+
+    def _check_new_trainable_set(self, variables: list) -> None:
+        """Before following a new trainable set: the window is empty, and the optimizer can
+        update every variable (a built Keras optimizer cannot take new ones)."""
+        if self.state.pending_micro_batches():
+            self.state.build(variables)  # raises: a pending window (names `trainer.flush()`)
+        known = self._optimizer_variables
+        unknown = [v for v in variables if known is not None and id(v) not in known]
+        if unknown and self.optimizer.built:
+            names = ", ".join(variable_name(v) for v in unknown[:4])
+            raise ValueError(
+                f"The trainable variables changed: {len(unknown)} became trainable ({names}"
+                f"{', ...' if len(unknown) > 4 else ''}), but `optimizer` was built for the "
+                "old set and a Keras optimizer cannot take new variables. Give the trainer a "
+                "new optimizer before training on, as `model.compile` does for fine-tuning: "
+                "`trainer.optimizer = keras.optimizers.Adam(1e-5)`."
+            )
 
     # ------------------------------------------------------------------ one micro-batch
     def _run_micro_step(self, x, y=None, sample_weight=None):
         """``micro_step``, on every replica under a strategy (outputs
         combined locally)."""
-        step = functools.partial(micro_steps.micro_step, self, self._loss_of, self._normalizer)
         if getattr(self, "_strategy", None) is None:
-            return step(x, y, sample_weight)
-        return distribute.run_micro_step(self._strategy, step, x, y, sample_weight)
+            return self._micro_step(x, y, sample_weight)
+        return distribute.run_micro_step(self._strategy, self._micro_step, x, y, sample_weight)
+
+    def _loss_of(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
+        """The micro-batch's mean loss (scalar, loss units): the counted loss (which records
+        what it divides by) plus ``model.losses``; the ``loss_of`` of
+        ``summed_loss_gradients``."""
+        if y is None:
+            raise ValueError(
+                "`dataset` yields no labels (y), but the loss needs them: make it yield "
+                "`(x, y)` or `(x, y, sample_weight)` tuples."
+            )
+        loss = self._counted_loss(y, y_pred, sample_weight)
+        if self.model.losses:
+            # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
+            # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
+            regularization = tf.add_n([tf.cast(v, loss.dtype) for v in self.model.losses])
+            loss = loss + regularization / replica_loss_factor()
+        return loss
+
+    def _micro_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
+        """One micro-batch on one replica: its gradient into the window, the window applied if
+        due. Returns ``(mean_loss, weight, applied)``, float32, float32 and bool scalars."""
+        out = summed_loss_gradients(self.model, self._loss_of, x, y, sample_weight,
+                                    normalizer=self._weighting, optimizer=self.optimizer)
+        applied = self.state.step(out.grads, out.weight, out.samples, self.optimizer,
+                                  self.model.trainable_variables)
+        return out.loss, out.weight, applied
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
@@ -194,8 +274,12 @@ class AccumTrainer:
         if not compiled:
             return self._run_micro_step(x, y, sample_weight)
         if self._micro_fn is None:
-            self._micro_fn = micro_steps.compile_micro_step(
-                self._run_micro_step, (x, y, sample_weight), self.jit_compile)
+            # Traced with the batch dimension unknown: a ragged last micro-batch reuses it.
+            self._micro_fn = tf.function(self._run_micro_step, reduce_retracing=True,
+                                         jit_compile=self.jit_compile)
+            specs = _batch_relaxed_specs((x, y, sample_weight))
+            if specs is not None:
+                self._micro_fn.get_concrete_function(*specs)
         return self._micro_fn(x, y, sample_weight)
 
     # ------------------------------------------------------------------ one window, in graph
@@ -211,24 +295,82 @@ class AccumTrainer:
             The mean loss over the batch (float32 scalar tensor).
         """
         self.build(x)
-        micro_steps.check_window_step(self, distributed=self._strategy is not None)
-        ragged = micro_steps.ragged_under_xla(self, x)
-        window_fn = self._window_ragged_fn if ragged else self._window_fn
+        self._check_window_step()
+        window_fn = self._window_ragged_fn if self._ragged_under_xla(x) else self._window_fn
         loss = window_fn(x, y, sample_weight)
         self.state.raise_if_nonfinite(self.epoch)
         return loss
+
+    def _split_window(self, x: Any, y: Any, sample_weight: Any) -> tf.Tensor:
+        """The body of :meth:`window_step`: the batch ``x`` (with its ``y`` and ``sample_weight``,
+        or ``None``) cut into micro-batches of ``ceil(n / K)`` samples (the last may be smaller),
+        each accumulated as :meth:`_micro_step` does, then applied once. Traced, not eager; a
+        ``tf.while_loop``, so only one micro-batch's activations are alive at a time.
+
+        Returns:
+            The mean loss over the batch, ``sum c_i L_i / sum c_i`` (float32 scalar tensor).
+        """
+        k = self.accum_steps
+        n = tf.shape(first_leaf(x))[0]
+        size = (n + k - 1) // k  # ceil(n / K): the last micro-batch may be smaller
+
+        def take(t, start):
+            return None if t is None else tf.nest.map_structure(
+                lambda a: a[start : start + size], t
+            )
+
+        count = (n + size - 1) // size  # number of non-empty micro-batches (<= K)
+        total_loss = tf.constant(0.0)
+        total_weight = tf.constant(0.0)
+        for i in tf.range(count):  # autograph: a tf.while_loop; one micro-batch alive at a time
+            start = i * size
+            xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
+            out = summed_loss_gradients(
+                self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
+                optimizer=self.optimizer,
+            )
+            self.state.accumulate(out.grads, out.weight, out.samples, self.optimizer)
+            total_loss += out.weighted_loss
+            total_weight += out.weight
+        self.state.apply_window(self.optimizer)
+        return tf.math.divide_no_nan(total_loss, total_weight)
+
+
+    def _check_window_step(self) -> None:
+        """Refuse a ``window_step`` under a ``tf.distribute`` strategy or on a pending window (it
+        must start on an empty window, as it closes the window it opens)."""
+        if self._strategy is not None:
+            raise NotImplementedError(
+                "`window_step` splits one batch on one device; under a tf.distribute strategy "
+                "use `trainer.fit(dataset_of_micro_batches)` (or `train_micro_batch`), which "
+                "splits every micro-batch across the replicas."
+            )
+        if int(self.state.micro_step.numpy()) != 0:
+            raise ValueError(
+                "`window_step` needs an empty window, but a partial window is pending from "
+                "micro-batch training: call `trainer.flush()` first."
+            )
+
+
+    def _ragged_under_xla(self, x: Any) -> bool:
+        """Whether the batch ``x`` must run without XLA: the trainer compiles with XLA and K does
+        not divide the batch size (or it is unknown). XLA clamps an out-of-range slice to its
+        static size, so a smaller last micro-batch would silently re-read samples of the one before
+        it (tests/test_benchmarks.py holds this)."""
+        n = first_leaf(x).shape[0]
+        return self.jit_compile and (n is None or n % self.accum_steps != 0)
 
     # ------------------------------------------------------------------ end of epoch
     def flush(self) -> bool:
         """Apply the pending partial window now, with its true weight. Returns whether it did."""
         # To the variables the window was accumulated for (also after a `trainable` change).
-        return entry.flush(self.state, self.optimizer, self.model.trainable_variables)
+        return self.state.flush(self.optimizer, self.model.trainable_variables)
 
     def end_epoch(self) -> str | None:
         """Apply the end-of-epoch policy to a partial window; returns what was done
-        (``accumcore._impl.entry.end_epoch``)."""
-        return entry.end_epoch(self.state, self.end_of_epoch, self.optimizer,
-                               self.model.trainable_variables, self.epoch)
+        (``AccumulationState.end_epoch``)."""
+        return self.state.end_epoch(self.end_of_epoch, self.optimizer,
+                                    self.model.trainable_variables, self.epoch)
 
     # ------------------------------------------------------------------ epoch, eager / function
     def run_micro_batches(
@@ -326,3 +468,17 @@ class AccumTrainer:
         for batch in dataset.take(1):  # build eagerly before tracing
             self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
         return epoch_loop.graph_records(self, self._epoch_fn, source)
+
+
+def _batch_relaxed_specs(structure: Any) -> Any:
+    """``tf.TensorSpec`` s for a micro-batch with the batch (first) dimension unknown.
+
+    Returns ``None`` if a leaf is neither a tensor nor a numpy array (then no spec is forced).
+    """
+    leaves = [t for t in tf.nest.flatten(structure) if t is not None]
+    if not all(isinstance(t, (tf.Tensor, np.ndarray)) and len(t.shape) >= 1 for t in leaves):
+        return None
+    return tf.nest.map_structure(
+        lambda t: None if t is None else tf.TensorSpec([None, *t.shape[1:]], tf.as_dtype(t.dtype)),
+        structure,
+    )

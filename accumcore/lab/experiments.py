@@ -554,7 +554,7 @@ class _AccumRunner:
 
     def run(self, learning_rate: float, datasets: Sequence, x_val: np.ndarray,
             y_val: np.ndarray) -> dict[str, Any]:
-        from accumcore._impl.errors import NonFiniteGradientError
+        from accumcore import NonFiniteGradientError
 
         state = self.trainer.state
         if state.built:

@@ -1,19 +1,24 @@
-"""Validation of accumulation settings, shared by every entry point.
+"""The accumulation settings: what each one accepts, checked in one place, and the object
+that holds them.
 
-Every check raises an error that names the offending parameter and says how to fix it.
+Every entry point (``accumulate``, ``AccumModel``, ``AccumTrainer``, ``AccumulationState``,
+``ResumableLoop``) builds its settings with :func:`resolve`; each check lives once, in
+:data:`CHECKS`. Adding a setting is one :class:`Settings` field and its check. Every check
+raises an error that names the offending parameter and says how to fix it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import numbers
 from collections.abc import Callable
 from typing import Any
 
+from accumcore._impl.nonfinite import POLICIES, NonFinitePolicy, nonfinite_policy
+
 #: What happens to a partially filled window when an epoch ends.
 END_OF_EPOCH_POLICIES = ("apply", "carry", "drop")
-
-#: What happens when a micro-batch produces a non-finite (NaN or Inf) gradient.
-NONFINITE_POLICIES = ("raise", "skip_micro_batch", "skip_window")
 
 #: How the summed loss of a window is normalised (see :class:`accumcore.AccumulationState`).
 NORMALIZERS = ("auto", "samples", "sample_weight")
@@ -99,15 +104,33 @@ def resolve_accum_steps(
             "effective_batch_size / micro_batch_size."
         )
     small = check_positive_int(micro_batch_size, "micro_batch_size")
-    if big % small:
-        if exact:
-            raise ValueError(
-                f"`effective_batch_size`={big} is not a multiple of `micro_batch_size`={small}; "
-                f"choose e.g. effective_batch_size={(big // small + 1) * small}, or pass "
-                "`exact=False` to round K up."
-            )
-        return -(-big // small)
-    return big // small
+    if big % small and exact:
+        raise ValueError(
+            f"`effective_batch_size`={big} is not a multiple of `micro_batch_size`={small}; "
+            f"choose e.g. effective_batch_size={(big // small + 1) * small}, or pass "
+            "`exact=False` to round K up."
+        )
+    return split_batch(big, small, exact=exact)[0]
+
+
+def split_batch(batch_size: int, max_micro_batch: int, *, exact: bool = True) -> tuple[int, int]:
+    """The one rule that turns a batch B into K micro-batches (``(K, b)``), for
+    :func:`resolve_accum_steps` and ``accumcore.memory.accum_steps_for``.
+
+    Args:
+        batch_size: B, samples per optimizer update (checked positive int).
+        max_micro_batch: the largest micro-batch b allowed (samples; checked positive int).
+        exact: ``True``: K is the smallest divisor of B with B / K <= ``max_micro_batch`` and
+            b = B / K, so every update sees exactly B samples; ``False``: K = ceil(B / b_max)
+            and b = ceil(B / K) (K * b may exceed B by up to K - 1 samples).
+    """
+    big, small = batch_size, max_micro_batch
+    k = math.ceil(big / small) if small < big else 1
+    if exact:
+        while big % k:
+            k += 1  # terminates at k = B at the latest
+        return k, big // k
+    return k, math.ceil(big / k)
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
@@ -127,24 +150,60 @@ def check_normalizer(normalizer: Any) -> str | Callable:
     return check_choice(normalizer, "normalizer", NORMALIZERS)
 
 
-def check_settings(**settings: Any) -> dict[str, Any]:
-    """The given accumulation settings, validated: the one check every entry point uses.
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """One model's or trainer's accumulation settings, validated (built by :func:`resolve`).
 
-    Keys: ``accum_steps`` (:func:`check_accum_steps`), ``end_of_epoch`` (one of
-    :data:`END_OF_EPOCH_POLICIES`) and ``normalizer`` (:func:`check_normalizer`). The
-    ``nonfinite`` policy is checked where it is held, by the
-    :class:`~accumcore.AccumulationState` (a name or a ``NonFinitePolicy``).
+    Attributes:
+        accum_steps: K, micro-batches per optimizer update (int >= 1); ``None`` only for an
+            ``AccumModel`` created without it (its ``fit`` raises, naming it).
+        end_of_epoch: what a partial window does at an epoch's end: ``"apply"``, ``"carry"``
+            or ``"drop"``.
+        nonfinite: the :class:`~accumcore.NonFinitePolicy` (given by name or as a policy).
+        normalizer: how a micro-batch is weighed, as given: ``"auto"``, ``"samples"``,
+            ``"sample_weight"`` or a callable ``(x, y, sample_weight) -> item count``.
+    """
+
+    accum_steps: int | None = 1
+    end_of_epoch: str = "apply"
+    nonfinite: NonFinitePolicy = dataclasses.field(
+        default_factory=lambda: nonfinite_policy("raise"))
+    normalizer: str | Callable = "auto"
+
+    @property
+    def nonfinite_name(self) -> str | NonFinitePolicy:
+        """The policy as ``get_config`` names it (a built-in's name, else the policy object)."""
+        built_in = POLICIES.get(self.nonfinite.name) == self.nonfinite
+        return self.nonfinite.name if built_in else self.nonfinite
+
+
+#: The one check of each setting, by name (``value -> the resolved value``; raises for a bad one).
+CHECKS: dict[str, Callable[[Any], Any]] = {
+    "accum_steps": lambda value: check_accum_steps(value),
+    "end_of_epoch": lambda value: check_choice(value, "end_of_epoch", END_OF_EPOCH_POLICIES),
+    "nonfinite": nonfinite_policy,
+    "normalizer": lambda value: check_normalizer(value),
+}
+
+
+def resolve(base: Settings | None = None, **given: Any) -> Settings:
+    """``base`` (default: the defaults) with the ``given`` settings checked and set.
 
     Example:
-        >>> check_settings(accum_steps=4, end_of_epoch="carry")
-        {'accum_steps': 4, 'end_of_epoch': 'carry'}
+        >>> resolve(accum_steps=4, end_of_epoch="carry").accum_steps
+        4
+
+    Raises:
+        TypeError: for an unknown setting's name, naming the known ones; or a value of the
+            wrong type (e.g. ``accum_steps=4.0``).
+        ValueError: for a value out of range, naming the accepted ones.
     """
-    checks: dict[str, Callable[[Any], Any]] = {
-        "accum_steps": check_accum_steps,
-        "end_of_epoch": lambda value: check_choice(value, "end_of_epoch", END_OF_EPOCH_POLICIES),
-        "normalizer": check_normalizer,
-    }
-    return {name: checks[name](value) for name, value in settings.items()}
+    unknown = [name for name in given if name not in CHECKS]
+    if unknown:
+        raise TypeError(f"Unknown accumulation setting(s) {', '.join(unknown)}; known: "
+                        f"{', '.join(CHECKS)}.")
+    checked = {name: CHECKS[name](value) for name, value in given.items()}
+    return dataclasses.replace(base or Settings(), **checked)
 
 
 def get_optimizer(optimizer: Any) -> Any:
