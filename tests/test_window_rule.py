@@ -37,6 +37,15 @@ def test_optimizer_apply_has_one_call_site_in_the_rule() -> None:
     assert len(sites) == 1 and sites[0].startswith("rule.py:"), sites  # accumcore/_impl/
 
 
+def test_no_library_function_is_over_60_lines() -> None:
+    """A function that does not fit on a screen does more than one thing."""
+    long = [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+            for path in LIBRARY for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > 60]
+    assert not long, long
+
+
 def test_no_module_touches_another_objects_private_members() -> None:
     """``x._name`` only on ``self`` / ``cls`` / ``super()`` in the library (not the lab)."""
     found = []

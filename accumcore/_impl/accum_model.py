@@ -17,6 +17,7 @@ every K-th call, with the mean gradient of the last K batches.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -26,11 +27,13 @@ import keras
 from accumcore._impl import compat, fitting
 from accumcore._impl.fitting import WindowFlushCallback
 from accumcore._impl.nonfinite import NonFinitePolicy
+from accumcore._impl.settings import Settings
 
 __all__ = ["AccumModel", "WindowFlushCallback"]
 
-#: The accumulation settings, as ``get_config`` and ``set_accumulation`` name them.
-CONFIG_KEYS = ("accum_steps", "end_of_epoch", "nonfinite", "normalizer")
+#: The accumulation settings, as ``get_config`` and ``set_accumulation`` name them: every
+#: field of ``Settings``.
+CONFIG_KEYS = tuple(field.name for field in dataclasses.fields(Settings))
 #: Key under which ``get_compile_config()`` carries the accumulation settings.
 COMPILE_KEY = "accumcore_accumulation"
 
@@ -97,8 +100,11 @@ def check_keywords(kwargs: dict, functional: bool) -> None:
 
 
 def settings_of(model) -> dict:
-    """The model's accumulation settings, by :data:`CONFIG_KEYS`."""
-    return {k: getattr(model, k) for k in CONFIG_KEYS}
+    """The model's accumulation settings, by :data:`CONFIG_KEYS` (the non-finite policy by
+    name for a built-in one)."""
+    settings = model.accumulation.settings
+    given = {k: getattr(settings, k) for k in CONFIG_KEYS}
+    return {**given, "nonfinite": settings.nonfinite_name}
 
 
 def config_settings(model) -> dict:

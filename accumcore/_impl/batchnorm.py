@@ -445,7 +445,7 @@ def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
 def attach_window_layers(model: keras.layers.Layer, state) -> int:
     """Attach every :class:`WindowBatchNormalization` of ``model`` to ``state`` (idempotent).
 
-    ``accumcore._impl.entry.prepare`` calls this (for ``AccumModel`` and
+    ``AccumulationState.prepare`` calls this (for ``AccumModel`` and
     ``AccumTrainer``); call it yourself only for a hand-written loop around
     :class:`~accumcore.AccumulationState`. It also warns,
     once per model, about stock ``BatchNormalization`` layers when ``state.accum_steps > 1``

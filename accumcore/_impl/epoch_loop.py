@@ -109,7 +109,7 @@ class HistoryBook:
 
         Args:
             policy: the ``end_of_epoch`` policy (``"carry"`` keeps the window's sums).
-            outcome: what ``accumcore._impl.entry.end_epoch`` did (``None``:
+            outcome: what ``AccumulationState.end_epoch`` did (``None``:
                 nothing pending).
             updates: optimizer updates applied in this epoch.
         """

@@ -32,7 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import compat, settings
+from accumcore._impl import compat, rule, settings
 from accumcore._impl.denominators import counted, uncounted
 from accumcore._impl.gradients import resolve_normalizer, summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
@@ -448,7 +448,8 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     state = model.accumulation
     out = summed_loss_gradients(model, _loss_of(model), x, y, sample_weight,
                                 normalizer=state.weighting, optimizer=model.optimizer)
-    state.step(out.grads, out.weight, out.samples, model.optimizer, model.trainable_variables)
+    rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
+              out.samples)
     tracker = loss_tracker(model)
     if tracker is not None:
         tracker.total.assign_add(out.weighted_loss)

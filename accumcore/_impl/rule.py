@@ -129,15 +129,30 @@ def present_of(grads: Sequence) -> tuple[int, ...]:
     return tuple(i for i, g in enumerate(grads) if g is not None)
 
 
-def step(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
-         grads: Sequence, weight: tf.Tensor, samples: tf.Tensor) -> tf.Tensor:
-    """One micro-batch: :func:`add`, then :func:`close_if_due` where the replicas can be read
-    (replica context under a strategy; ``merge_call`` unconditionally). Returns whether an
-    optimizer update was applied (bool scalar)."""
-    add(window, counters, plan, grads, weight, samples)
-    present = present_of(grads)
+def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples) -> tf.Tensor:
+    """One micro-batch of any entry point on ``state`` (an ``AccumulationState``, built):
+    its inputs checked, :func:`add`, then :func:`close_if_due` where the replicas can be read
+    (replica context under a strategy; ``merge_call`` unconditionally).
+
+    Args:
+        optimizer: the Keras optimizer the window is applied with.
+        variables: the model's trainable variables now (must be those accumulated).
+        grads: gradients of the micro-batch's summed loss, one per variable (or ``None``).
+        weight: ``c_i``, float scalar; samples: the micro-batch's samples, int scalar.
+
+    Returns:
+        bool scalar: whether an optimizer update was applied.
+    """
+    window, counters, _ = state.pieces
+    check_variables(state.variables_accumulated, variables)
+    check_gradients(grads, window.accumulators)
+    plan = state.plan(optimizer)
+    plan.replicas.require_replica_context()
+    present = state.present = present_of(grads)
+    add(window, counters, plan, grads, tf.cast(weight, tf.float32), tf.cast(samples, tf.int64))
+    accumulated = list(state.variables_accumulated)
     return plan.replicas.decide(lambda: close_if_due(
-        window, counters, plan, optimizer, variables, present, force=False))
+        window, counters, plan, optimizer, accumulated, present, force=False))
 
 
 def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight: tf.Tensor,
@@ -277,3 +292,57 @@ def _no_check(sums: Sequence) -> tf.Tensor:
 
 def _never() -> tf.Tensor:
     return tf.constant(False)
+
+
+# ---------------------------------------------------------------------------- the step's inputs
+def variable_name(variable) -> str:
+    """A variable's path (Keras 3) or name."""
+    return getattr(variable, "path", None) or variable.name
+
+
+def describe_change(old: list[str], new: list[str]) -> str:
+    """``"+a/kernel, -b/bias"``: variables that became trainable (+) or frozen (-)."""
+    added = [f"+{n}" for n in new if n not in old]
+    removed = [f"-{n}" for n in old if n not in new]
+    parts = added + removed
+    return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
+
+
+def same_variables(built: Sequence, variables: Sequence) -> bool:
+    """Whether ``variables`` are exactly ``built``: the same objects, in the same order."""
+    variables = tuple(variables)
+    return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
+
+
+def check_gradients(grads: Sequence, accumulators: Sequence[tf.Variable]) -> None:
+    """Raise unless ``grads`` are one per accumulator, in order (compatible shapes)."""
+    if len(grads) != len(accumulators):
+        raise ValueError(
+            f"Got {len(grads)} gradients for {len(accumulators)} accumulators: "
+            "`grads` must match the trainable variables the state was built from, one per "
+            "variable and in the same order (use `tape.gradient(loss, "
+            "model.trainable_variables)`)."
+        )
+    for g, acc in zip(grads, accumulators):
+        if g is not None and g.shape.rank is not None and acc.shape.rank is not None:
+            shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else g.shape
+            if isinstance(shape, tf.TensorShape) and not shape.is_compatible_with(acc.shape):
+                raise ValueError(
+                    f"Gradient of shape {shape} does not match accumulator "
+                    f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
+                    "trainable variables the state was built from."
+                )
+
+
+def check_variables(built: Sequence, variables: Sequence) -> None:
+    """Raise unless ``variables`` are the ones the accumulators were built for (``built``)."""
+    if not same_variables(built, variables):
+        names = [variable_name(v) for v in variables]
+        built_names = [variable_name(v) for v in built]
+        raise ValueError(
+            f"The trainable variables ({len(names)}) are not the ones the accumulators "
+            f"were built for ({len(built_names)}; {describe_change(built_names, names)}): a "
+            "layer was frozen or unfrozen. Call `state.build(model.trainable_variables)` "
+            "with an empty window before the next step (AccumTrainer does this itself, "
+            "`AccumModel.fit` after `compile`), and retrace compiled steps."
+        )

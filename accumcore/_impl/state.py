@@ -25,11 +25,11 @@ import tensorflow as tf
 from accumcore._impl import distribute, rule, settings
 from accumcore._impl.batchnorm import attach_window_layers
 from accumcore._impl.nonfinite import NonFinitePolicy, Stop
-from accumcore._impl.rule import Counters, Window
+from accumcore._impl.rule import Counters, Window, describe_change, same_variables, variable_name
 
 logger = logging.getLogger("accumcore")
 
-#: The error for a summed loss under a strategy (``accumcore._impl.entry`` raises it too).
+#: The error for a summed loss under a strategy (``prepare`` and ``apply_window`` raise it).
 SUM_UNDER_STRATEGY = (
     "A loss with reduction='sum' is not supported under a tf.distribute strategy (Keras "
     "scales such losses differently per replica): use reduction='sum_over_batch_size' (the "
@@ -61,7 +61,7 @@ class AccumulationState(tf.Module):
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    ``accumcore._impl.SCALARS``: the window's and the run's counters (the ``"raise"``
+    ``accumcore._impl.state.SCALARS``: the window's and the run's counters (the ``"raise"``
     policy's stop is in no checkpoint). :meth:`variables_for_saving` lists them.
     """
 
@@ -75,7 +75,7 @@ class AccumulationState(tf.Module):
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
         self._plans = _Untracked({})  # rule.Plan by optimizer id, made once each
         self._weighting = _Untracked("auto")
-        self._present = _Untracked(())  # the variables with a gradient (rule.present_of)
+        self._present = _Untracked(())  # see `present`
         #: The call that applies a pending window, for the object the user holds (messages
         #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
         self.flush_call = "`state.flush(optimizer)`"
@@ -141,6 +141,23 @@ class AccumulationState(tf.Module):
     def built(self) -> bool:
         return self._pieces.value is not None
 
+    @property
+    def pieces(self) -> tuple:
+        """``(Window, Counters, Stop)``: the rule's view of a built state's variables
+        (``accumcore._impl.rule``)."""
+        return self._pieces_checked()
+
+    @property
+    def present(self) -> tuple[int, ...]:
+        """The indices of the accumulated variables the loss has a gradient for, as the last
+        traced micro-batch found them (``rule.present_of``): a window is applied to these
+        only, as ``optimizer.apply`` skips a ``None`` gradient."""
+        return self._present.value
+
+    @present.setter
+    def present(self, indices: Sequence[int]) -> None:
+        self._present = _Untracked(tuple(indices))
+
     def _pieces_checked(self) -> tuple:
         """``(Window, Counters, Stop)`` of a built state."""
         self._check_built()
@@ -188,7 +205,7 @@ class AccumulationState(tf.Module):
             self._unsaved = _Untracked(unsaved)  # untracked: in no checkpoint
         self._variables = _Untracked(tuple(variables))  # the model's: not the state's to save
         self._pieces = _Untracked(pieces(self, self._unsaved.value))
-        self._present = _Untracked(tuple(range(len(variables))))
+        self.present = range(len(variables))
         return True
 
     def same_variables(self, variables: Sequence) -> bool:
@@ -253,8 +270,8 @@ class AccumulationState(tf.Module):
             check left it out).
         """
         window, counters, _ = self._pieces_checked()
-        check_gradients(grads, self.accumulators)
-        self._present = _Untracked(rule.present_of(grads))
+        rule.check_gradients(grads, self.accumulators)
+        self.present = rule.present_of(grads)
         return rule.add(window, counters, self.plan(optimizer), grads,
                         tf.cast(weight, tf.float32), tf.cast(samples, tf.int64))
 
@@ -266,14 +283,7 @@ class AccumulationState(tf.Module):
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
         """
-        window, counters, _ = self._pieces_checked()
-        check_variables(self._variables.value, variables)
-        check_gradients(grads, self.accumulators)
-        self.replicas.require_replica_context()
-        self._present = _Untracked(rule.present_of(grads))
-        return rule.step(window, counters, self.plan(optimizer), optimizer,
-                         list(self._variables.value), grads, tf.cast(weight, tf.float32),
-                         tf.cast(samples, tf.int64))
+        return rule.step(self, optimizer, variables, grads, weight, samples)
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
@@ -296,7 +306,7 @@ class AccumulationState(tf.Module):
                 optimizer.build(list(variables))
         if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
-        plan, present = self.plan(optimizer), self._present.value
+        plan, present = self.plan(optimizer), self.present
         key = (id(optimizer), present, *map(id, self._variables.value))
         return self.replicas.decide(lambda: rule.close_if_due(
             window, counters, plan, optimizer, list(self._variables.value), present,
@@ -427,19 +437,6 @@ def variable_dtype(variable) -> tf.DType:
     return tf.as_dtype(getattr(variable, "dtype", tf.float32))
 
 
-def variable_name(variable) -> str:
-    """A variable's path (Keras 3) or name."""
-    return getattr(variable, "path", None) or variable.name
-
-
-def describe_change(old: list[str], new: list[str]) -> str:
-    """``"+a/kernel, -b/bias"``: variables that became trainable (+) or frozen (-)."""
-    added = [f"+{n}" for n in new if n not in old]
-    removed = [f"-{n}" for n in old if n not in new]
-    parts = added + removed
-    return ", ".join(parts[:6] + (["..."] if len(parts) > 6 else [])) or "same names, new objects"
-
-
 class Scalar(NamedTuple):
     """One scalar variable of the state (int64, or float32 for a float ``initial``; an int64
     vector for a tuple ``initial``: the stop's record)."""
@@ -537,12 +534,6 @@ COUNTERS = ("windows_applied", "windows_skipped", "micro_batches_seen",
             "micro_batches_skipped", "samples_seen", "samples_dropped")
 
 
-def same_variables(built: Sequence, variables: Sequence) -> bool:
-    """Whether ``variables`` are exactly ``built``: the same objects, in the same order."""
-    variables = tuple(variables)
-    return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
-
-
 def check_can_follow(built: Sequence, variables: Sequence, pending: int,
                      distributed: bool, flush_call: str) -> None:
     """Raise unless the accumulators may follow the trainable set from ``built`` to
@@ -562,38 +553,4 @@ def check_can_follow(built: Sequence, variables: Sequence, pending: int,
         raise ValueError(
             "This AccumulationState was built under a tf.distribute strategy: re-build it "
             "for the new trainable set inside `strategy.scope()`."
-        )
-
-
-def check_gradients(grads: Sequence, accumulators: Sequence[tf.Variable]) -> None:
-    """Raise unless ``grads`` are one per accumulator, in order (compatible shapes)."""
-    if len(grads) != len(accumulators):
-        raise ValueError(
-            f"Got {len(grads)} gradients for {len(accumulators)} accumulators: "
-            "`grads` must match the trainable variables the state was built from, one per "
-            "variable and in the same order (use `tape.gradient(loss, "
-            "model.trainable_variables)`)."
-        )
-    for g, acc in zip(grads, accumulators):
-        if g is not None and g.shape.rank is not None and acc.shape.rank is not None:
-            shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else g.shape
-            if isinstance(shape, tf.TensorShape) and not shape.is_compatible_with(acc.shape):
-                raise ValueError(
-                    f"Gradient of shape {shape} does not match accumulator "
-                    f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
-                    "trainable variables the state was built from."
-                )
-
-
-def check_variables(built: Sequence, variables: Sequence) -> None:
-    """Raise unless ``variables`` are the ones the accumulators were built for (``built``)."""
-    if not same_variables(built, variables):
-        names = [variable_name(v) for v in variables]
-        built_names = [variable_name(v) for v in built]
-        raise ValueError(
-            f"The trainable variables ({len(names)}) are not the ones the accumulators "
-            f"were built for ({len(built_names)}; {describe_change(built_names, names)}): a "
-            "layer was frozen or unfrozen. Call `state.build(model.trainable_variables)` "
-            "with an empty window before the next step (AccumTrainer does this itself, "
-            "`AccumModel.fit` after `compile`), and retrace compiled steps."
         )

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import datasets, distribute, epoch_loop, settings
+from accumcore._impl import datasets, distribute, epoch_loop, rule, settings
 from accumcore._impl.denominators import CountedLoss
 from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
 from accumcore._impl.gradients import (
@@ -34,13 +34,14 @@ from accumcore._impl.gradients import (
     summed_loss_gradients,
 )
 from accumcore._impl.nonfinite import NonFinitePolicy
+from accumcore._impl.rule import variable_name
 from accumcore._impl.settings import (
     check_choice,
     get_optimizer,
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore._impl.state import AccumulationState, variable_name
+from accumcore._impl.state import AccumulationState
 
 MODES = ("eager", "function", "graph")
 
@@ -248,8 +249,8 @@ class AccumTrainer:
         due. Returns ``(mean_loss, weight, applied)``, float32, float32 and bool scalars."""
         out = summed_loss_gradients(self.model, self._loss_of, x, y, sample_weight,
                                     normalizer=self._weighting, optimizer=self.optimizer)
-        applied = self.state.step(out.grads, out.weight, out.samples, self.optimizer,
-                                  self.model.trainable_variables)
+        applied = rule.step(self.state, self.optimizer, self.model.trainable_variables,
+                            out.grads, out.weight, out.samples)
         return out.loss, out.weight, applied
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
