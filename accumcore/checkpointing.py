@@ -51,7 +51,7 @@ import keras
 import tensorflow as tf
 
 from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, close_epoch, empty_epoch_error
-from accumcore._impl.settings import check_accum_steps, check_choice
+from accumcore._impl.settings import check_choice, check_positive_int
 from accumcore._impl.state import AccumulationState
 from accumcore._impl.trainer import AccumTrainer
 
@@ -144,7 +144,7 @@ class ResumableLoop:
                 f"`trainer` must be an accumcore.AccumTrainer, got {type(trainer).__name__}."
             )
         self.trainer = trainer
-        self.save_every = check_accum_steps(save_every, "save_every")
+        self.save_every = check_positive_int(save_every, "save_every")
         self.save_at_epoch_end = bool(save_at_epoch_end)
         self.epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         # float64 loss sums for the history (sum of c_i * L_i and of c_i), so that the window
@@ -212,7 +212,7 @@ class ResumableLoop:
             or epoch that ran before the checkpoint.
         """
         mode = check_choice(mode, "mode", RESUMABLE_MODES)
-        epochs = check_accum_steps(epochs, "epochs")
+        epochs = check_positive_int(epochs, "epochs")
         make = _as_factory(dataset)
         trainer, state = self.trainer, self.trainer.state
         start, iterator = self._restore_or_start(make)

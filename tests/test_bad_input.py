@@ -14,7 +14,7 @@ import tensorflow as tf
 from helpers import LOSS, built_state, small_mlp
 
 import accumcore as ac
-from accumcore._impl.settings import check_accum_steps
+from accumcore._impl.settings import check_positive_int
 from accumcore.checkpointing import ExactBackupAndRestore, ResumableLoop, SkipTrainedBatches
 from accumcore.memory import accum_steps_for, largest_fitting
 
@@ -67,8 +67,8 @@ OTHER_COUNTS = {
                                                          micro_batch_size=v),
     "start": lambda v: largest_fitting(lambda b: True, start=v, limit=8),
     "target_batch_size": lambda v: accum_steps_for(v, 4),
-    # loops.py / checkpointing.py call check_accum_steps(value, "<their name>")
-    "epochs": lambda v: check_accum_steps(v, "epochs"),
+    # datasets.py / checkpointing.py call check_positive_int(value, "<their name>")
+    "epochs": lambda v: check_positive_int(v, "epochs"),
 }
 
 

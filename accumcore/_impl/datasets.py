@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import distribute
-from accumcore._impl.settings import check_accum_steps
+from accumcore._impl.settings import check_positive_int
 
 
 def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Dataset:
@@ -87,7 +87,7 @@ def as_dataset(x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuff
             f"`micro_batch_size`={micro_batch_size} (K = effective_batch_size / "
             "micro_batch_size was computed from it): leave `batch_size` unset."
         )
-    batch_size = check_accum_steps(batch_size, "batch_size")
+    batch_size = check_positive_int(batch_size, "batch_size")
     if not isinstance(shuffle, bool):
         raise ValueError(
             f"`shuffle` must be True (default for arrays, as in model.fit: a new order "
@@ -133,7 +133,7 @@ def check_epochs(model: keras.Model, dataset: tf.data.Dataset,
             "source and that `.batch(b, drop_remainder=True)` did not drop everything."
         )
     if steps_per_epoch is not None:
-        steps_per_epoch = check_accum_steps(steps_per_epoch, "steps_per_epoch")
+        steps_per_epoch = check_positive_int(steps_per_epoch, "steps_per_epoch")
     elif cardinality == tf.data.INFINITE_CARDINALITY:
         raise ValueError(
             "`dataset` is infinite (e.g. `.repeat()` without a count), so an epoch would "

@@ -47,20 +47,16 @@ def check_positive_int(value: Any, name: str, *, meaning: str = "") -> int:
     return int(value)
 
 
-def check_accum_steps(accum_steps: Any, name: str = "accum_steps") -> int:
-    """Return ``accum_steps`` (K) as an ``int`` after checking it is a positive integer.
-
-    Other counts passed with their own ``name`` (``save_every``, ``epochs``, ...) get
-    :func:`check_positive_int`'s plain messages, without accum_steps's explanation of K.
+def check_accum_steps(accum_steps: Any) -> int:
+    """Return ``accum_steps`` (K) as an ``int`` after checking it is a positive integer; the
+    messages explain K (other counts use :func:`check_positive_int`).
 
     Raises:
         TypeError: for ``bool``, ``float`` or any non-integer value.
         ValueError: for zero or negative values.
     """
-    if name != "accum_steps":
-        return check_positive_int(accum_steps, name)
     return check_positive_int(
-        accum_steps, name,
+        accum_steps, "accum_steps",
         meaning="the number K of micro-batches per optimizer update, e.g. `accum_steps=4` "
         "applies one update every 4 micro-batches; 1 means no accumulation",
     )
@@ -179,7 +175,7 @@ class Settings:
 
 #: The one check of each setting, by name (``value -> the resolved value``; raises for a bad one).
 CHECKS: dict[str, Callable[[Any], Any]] = {
-    "accum_steps": lambda value: check_accum_steps(value),
+    "accum_steps": check_accum_steps,
     "end_of_epoch": lambda value: check_choice(value, "end_of_epoch", END_OF_EPOCH_POLICIES),
     "nonfinite": nonfinite_policy,
     "normalizer": lambda value: check_normalizer(value),
