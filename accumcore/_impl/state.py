@@ -73,7 +73,7 @@ class AccumulationState(tf.Module):
         self.accumulators: list[tf.Variable] = []
         self._variables = _Untracked(())
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
-        self._plans = _Untracked({})  # rule.Plan by optimizer id, made once each
+        self._plans = _Untracked({})  # (optimizer, rule.Plan) by optimizer id, made once each
         self._weighting = _Untracked("auto")
         self._present = _Untracked(())  # see `present`
         #: The call that applies a pending window, for the object the user holds (messages
@@ -320,13 +320,15 @@ class AccumulationState(tf.Module):
     def plan(self, optimizer) -> rule.Plan:
         """The rule's :class:`~accumcore._impl.rule.Plan` for ``optimizer``: made once per
         optimizer (and again after the settings, the weighting or the accumulators change)."""
-        plans = self._plans.value
-        if id(optimizer) not in plans:
-            plans[id(optimizer)] = rule.plan(
+        plans = self._plans.value  # id -> (optimizer, plan): an id is reused only once freed
+        held, plan = plans.get(id(optimizer), (self, None))  # self: nothing held yet
+        if held is not optimizer:
+            plan = rule.plan(
                 self.nonfinite_policy, optimizer, self.replicas, self._pieces_checked()[2],
                 accum_steps=self.accum_steps, normalize=self.normalize,
                 hooks=self.window_hooks)
-        return plans[id(optimizer)]
+            plans[id(optimizer)] = (optimizer, plan)
+        return plan
 
     # ------------------------------------------------------------------ around the steps
     def prepare(self, model, weighting: str | Callable | None = None, *,
