@@ -160,9 +160,8 @@ def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: An
 
     Keras's own ``compile`` gets the counted losses directly. A class with a ``compile`` of its
     own (a KerasHub task resolving ``loss="auto"``) compiles first; its losses are then
-    counted by compiling again with Keras's own ``compile``, from the compile config, with the
-    same optimizer object (so metrics given as objects are re-created from their config).
-    ``model.loss`` is the loss as given either way.
+    counted by compiling again with Keras's own ``compile`` (:func:`recount`: the same
+    objects). ``model.loss`` is the loss as given either way.
     """
     if _own(base, "compile"):
         args = list(args)
@@ -180,14 +179,25 @@ def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: An
 
 def recount(model: keras.Model) -> None:
     """Compile ``model`` again, as it is compiled, with its losses counted (a no-op if it is
-    not compiled, or has no loss)."""
-    config = keras.Model.get_compile_config(model)
-    if config is None or getattr(model, "loss", None) is None:
+    not compiled, or has no loss).
+
+    The arguments are the objects ``compile`` was given (``compat.compile_arguments``), the
+    optimizer the model holds, never objects rebuilt from a serialised config: what plain
+    ``fit`` trains with (an unregistered ``Loss`` subclass, a schedule without
+    ``get_config``, a function as a metric) trains here too, and saving meets them as plain
+    Keras does.
+    """
+    if not getattr(model, "compiled", False) or getattr(model, "loss", None) is None:
         return
-    config = keras.saving.deserialize_keras_object(plain_compile_config(config))
-    config["optimizer"] = model.optimizer
-    config["loss"] = counted(uncounted(model.loss), getattr(model, "output_names", None))
-    keras.Model.compile(model, **config)
+    arguments = compat.compile_arguments(model)
+    if arguments is None:  # pragma: no cover - a Keras without compile's own arguments
+        config = keras.Model.get_compile_config(model)
+        if not config:
+            return
+        arguments = keras.saving.deserialize_keras_object(plain_compile_config(config))
+    arguments["optimizer"] = model.optimizer
+    arguments["loss"] = counted(uncounted(model.loss), getattr(model, "output_names", None))
+    keras.Model.compile(model, **arguments)
 
 
 def plain_compile_config(config: Any) -> Any:
