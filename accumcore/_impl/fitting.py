@@ -245,17 +245,17 @@ def train_on_batch(model: keras.Model, base: Callable, *args: Any, **kwargs: Any
     return result
 
 
-def _loss_of(model: keras.Model) -> Callable:
-    def loss_of(x, y, y_pred, sample_weight):
-        if y is None and model.loss is not None:
-            raise ValueError(
-                "`fit` got no labels (`y` is None) but the compiled loss needs them: pass `y` "
-                "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
-                "sample_weight)` tuples."
-            )
-        return compat.compute_loss(model, x=x, y=y, y_pred=y_pred,
-                                   sample_weight=sample_weight, training=True)
-    return loss_of
+def _compiled_loss(model: keras.Model, x, y, y_pred, sample_weight):
+    """The model's loss for one micro-batch, as ``keras.Model.fit`` computes it
+    (``compute_loss``); bound to ``model``, the ``loss_of`` of ``summed_loss_gradients``."""
+    if y is None and model.loss is not None:
+        raise ValueError(
+            "`fit` got no labels (`y` is None) but the compiled loss needs them: pass `y` "
+            "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
+            "sample_weight)` tuples."
+        )
+    return compat.compute_loss(model, x=x, y=y, y_pred=y_pred,
+                               sample_weight=sample_weight, training=True)
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
@@ -275,14 +275,16 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
             model, x, settings.traced_normalizer)
     if not model.trainable_variables:  # nothing to train: loss and metrics only, as Keras
         return base(data)
-    out = summed_loss_gradients(model, _loss_of(model), x, y, sample_weight,
-                                normalizer=settings.traced_normalizer, optimizer=model.optimizer)
     state = model.accumulation
+    out = summed_loss_gradients(
+        model, functools.partial(_compiled_loss, model), x, y, sample_weight,
+        normalizer=settings.traced_normalizer, optimizer=model.optimizer, state=state,
+        adds_model_losses=type(model).compute_loss is keras.Model.compute_loss)
     state.step(out.grads, out.weight, out.samples, model.optimizer, model.trainable_variables)
     tracker = loss_tracker(model)
     if tracker is not None:
         tracker.total.assign_add(out.weighted_loss)
-        tracker.count.assign_add(out.weight)
+        tracker.count.assign_add(out.log_weight)
     logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     if not state.nonfinite_policy.freeze:  # micro-batches may be skipped
         logs["skipped_micro_batches"] = state.micro_batches_skipped

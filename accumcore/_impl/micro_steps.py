@@ -62,12 +62,20 @@ def _batch_relaxed_specs(structure: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- one micro-batch
-def loss_of(counted_loss: Callable, model: keras.Model, x: Any, y: Any, y_pred: Any,
+def loss_of(counted_loss: Callable | None, model: keras.Model, x: Any, y: Any, y_pred: Any,
             sample_weight: Any) -> tf.Tensor:
-    """The micro-batch's mean loss (scalar, loss units): ``counted_loss(y, y_pred,
+    """The micro-batch's loss (scalar, loss units): ``counted_loss(y, y_pred,
     sample_weight)`` (a ``CountedLoss``, which records what it
-    divides by) plus ``model.losses``. ``x`` is unused; bound to its first two arguments, this
-    is the ``loss_of`` of ``summed_loss_gradients``."""
+    divides by; ``None``: no such loss) plus ``model.losses``, each summed as Keras sums them.
+    ``x`` is unused; bound to its first two arguments, this is the ``loss_of`` of
+    ``summed_loss_gradients``."""
+    if counted_loss is None:
+        if not model.losses:
+            raise ValueError(
+                "AccumTrainer was given `loss=None` but the model adds no losses of its own "
+                "(`model.losses` is empty): pass `loss`, or `add_loss` in the model.")
+        return tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in model.losses]
+                        ) / replica_loss_factor()
     if y is None:
         raise ValueError(
             "`dataset` yields no labels (y), but the loss needs them: make it yield "
@@ -75,9 +83,10 @@ def loss_of(counted_loss: Callable, model: keras.Model, x: Any, y: Any, y_pred: 
         )
     loss = counted_loss(y, y_pred, sample_weight)
     if model.losses:
-        # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
-        # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
-        regularization = tf.add_n([tf.cast(v, loss.dtype) for v in model.losses])
+        # Keras divides the loss by the replicas in sync; so does this, as
+        # summed_loss_gradients multiplies the sum back (replica_loss_factor). Each entry is
+        # summed (Keras's `_aggregate_additional_loss`): a per-sample `add_loss` is a vector.
+        regularization = tf.add_n([tf.reduce_sum(tf.cast(v, loss.dtype)) for v in model.losses])
         loss = loss + regularization / replica_loss_factor()
     return loss
 
@@ -92,12 +101,12 @@ def micro_step(trainer: Trainer, loss: Callable, normalizer: Any, x: Any, y: Any
     """
     out = summed_loss_gradients(
         trainer.model, loss, x, y, sample_weight,
-        normalizer=normalizer, optimizer=trainer.optimizer,
+        normalizer=normalizer, optimizer=trainer.optimizer, state=trainer.state,
     )
     applied = trainer.state.step(
         out.grads, out.weight, out.samples, trainer.optimizer, trainer.model.trainable_variables
     )
-    return out.loss, out.weight, applied
+    return out.loss, out.log_weight, applied
 
 
 def compile_micro_step(step: Callable, example: tuple, jit_compile: bool) -> Callable:
@@ -138,10 +147,11 @@ def split_window(trainer: Trainer, loss: Callable, normalizer: Any, x: Any, y: A
         xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
         out = summed_loss_gradients(
             trainer.model, loss, xi, yi, wi, normalizer=normalizer, optimizer=trainer.optimizer,
+            state=trainer.state,
         )
         trainer.state.accumulate(out.grads, out.weight, out.samples, trainer.optimizer)
         total_loss += out.weighted_loss
-        total_weight += out.weight
+        total_weight += out.log_weight
     trainer.state.apply_window(trainer.optimizer)
     return tf.math.divide_no_nan(total_loss, total_weight)
 

@@ -52,8 +52,11 @@ class AccumTrainer:
             as ``model.compile`` wraps it). Every micro-batch is weighted by what the loss
             divided it by: its samples, its sample-weight sum, or its valid elements under a
             Keras mask of the model's output or ``ignore_class``; a loss with
-            ``reduction="sum"`` is accumulated without division. Regularisation losses
-            (``model.losses``) are added, as in ``model.fit``.
+            ``reduction="sum"`` is accumulated without division. ``None``: the model's own
+            losses are the loss, as after ``model.compile(loss=None)``. The model's losses
+            (``model.losses``: ``add_loss`` terms, regularisers) are added, as in
+            ``model.fit``, each weighed by its form (a sum over samples, a mean, or a weight
+            regulariser counted once per update; Keras workflows page).
         accum_steps: K, micro-batches per update. Or give ``effective_batch_size`` and
             ``micro_batch_size`` (K = B / b).
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
@@ -102,9 +105,10 @@ class AccumTrainer:
             micro_batch_size=micro_batch_size,
         )
         self.model = model
-        self.loss = as_loss_fn(loss)
+        self.loss = None if loss is None else as_loss_fn(loss)
         # The loss differentiated: a CountedLoss (reports what it divides by) + model.losses.
-        self._loss_of = functools.partial(micro_steps.loss_of, CountedLoss(self.loss), model)
+        self._loss_of = functools.partial(
+            micro_steps.loss_of, None if self.loss is None else CountedLoss(self.loss), model)
         settings = check_settings(end_of_epoch=end_of_epoch, normalizer=normalizer)
         self.end_of_epoch, self.normalizer = settings["end_of_epoch"], settings["normalizer"]
         # What the window rule uses: the normaliser matching the loss's reduction.
