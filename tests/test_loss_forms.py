@@ -152,6 +152,12 @@ class WarmupWithoutConfig(keras.optimizers.schedules.LearningRateSchedule):
         return LR * ops.minimum(1.0, (ops.cast(step, "float32") + 1.0) / 2.0)
 
 
+def scalar_mean_squared_error(y_true, y_pred):
+    """A loss function that returns one number per batch, its mean over samples: Keras does
+    not reduce it, accumcore reads it as a mean over samples."""
+    return ops.mean(ops.square(y_true - y_pred))
+
+
 def mean_absolute_error_metric(y_true, y_pred):
     """A plain function as a metric."""
     return ops.mean(ops.abs(y_true - y_pred))
@@ -227,6 +233,9 @@ CASES = {
         lambda cls=keras.Model, **kw: tagger(cls, **kw),
         lambda: dict(optimizer=sgd(), loss=TokenMeanLoss()), token_data,
         normalizer=token_count),
+    "scalar_mean_function_loss": Case(
+        lambda cls=keras.Model, **kw: regression_mlp(cls, **kw),
+        lambda: dict(optimizer=sgd(), loss=scalar_mean_squared_error), regression_data),
     "unregistered_loss": Case(lambda cls=keras.Model, **kw: regression_mlp(cls, **kw),
                               lambda: dict(optimizer=sgd(), loss=UnregisteredMSE()),
                               regression_data),
@@ -370,7 +379,7 @@ def test_a_term_that_is_not_a_sum_or_mean_over_samples_is_named_once(mode):
     x, y = regression_data()
     trainer = ac.AccumTrainer(endpoint_model("max"), sgd(), None, accum_steps=K)
     with pytest.warns(UserWarning, match=r"model\.losses\[0\].*neither a sum nor a mean over "
-                                         r"samples \(computed by a Max op\)") as caught:
+                                         r"samples \(here: computed by a Max op\)") as caught:
         trainer.fit(tf.data.Dataset.from_tensor_slices(((x, y),)).batch(MICRO), mode=mode,
                     verbose=0)
     assert sum("model.losses[0]" in str(w.message) for w in caught) == 1

@@ -24,6 +24,14 @@ Keras's), and reports the denominator of that same reduction to the innermost
 :func:`recording` context of the calling thread (each replica of a ``tf.distribute`` strategy
 runs in its own thread). :func:`micro_batch_weight` turns the records of one micro-batch into
 ``c_i``.
+
+Keras's training loss also adds every entry of ``model.losses`` (``add_loss`` terms,
+regularisers), each as it is: a per-sample vector summed over the batch, a weight regulariser
+once per batch. :func:`read_forms` reads each entry's :class:`Form` (a sum over samples, a
+mean, no samples at all, or none of these) from one trace with a static batch
+(:class:`SampleGraph`), and so the value of a loss that returns one number per batch;
+:func:`loss_weights` weighs each part so that the window equals the large batch, and warns
+where one weight per micro-batch cannot.
 """
 
 from __future__ import annotations
@@ -487,8 +495,8 @@ def _warn_unseen_denominator(owner: Any, record: Denominator, y_pred: Any) -> No
     masked = any(compat.keras_mask(t) is not None for t in tf.nest.flatten(y_pred))
     _warn_once(owner, ("loss", record.name), (
         f"The loss {record.name!r} returns one number per micro-batch that accumcore cannot "
-        f"read as a sum or a mean over samples ({why}), so it weighs each micro-batch by its "
-        "number of samples: exact only if the loss is a mean over samples"
+        f"read as a sum or a mean over samples (here: {why}), so it weighs each micro-batch by "
+        "its number of samples: exact only if the loss is a mean over samples"
         + (" (the model's output carries a Keras mask)" if masked else "")
         + ". If the loss divides by its own count (tokens, a mask), pass that count as "
         "`normalizer`, e.g. for the tokens whose label is not padding: `normalizer=lambda x, "
@@ -561,9 +569,9 @@ class Form(NamedTuple):
 
 ONCE, SUM, MEAN = Form("once"), Form("sum"), Form("mean")
 
-#: The batch size of the trace that reads forms (:func:`read_forms`): static, so that
-#: TensorFlow's shape inference gives every tensor whose first axis is the batch this first
-#: dimension, and a prime unlike a layer's width, so that no other axis is taken for the batch.
+#: The static batch size of the trace that :func:`read_forms` makes, so that TensorFlow's
+#: shape inference gives every tensor whose first axis is the batch this first dimension; a
+#: prime unlike a layer's width, so that no other axis is taken for the batch.
 PROBE_BATCH = 1009
 
 # Ops that pass a value on unchanged (up to its dtype or sign).
@@ -700,8 +708,8 @@ class SampleGraph:
                     "unknown", f"a {form.kind} value divided by the batch size")
             if not self.depends(denominator):
                 return form
-            return Form("unknown", "divided by a number computed from the samples (a count "
-                                   "of tokens or of mask entries?)")
+            return Form("unknown", "divided by a count computed from the samples, such as "
+                                   "its tokens or mask entries")
         if op.type in ("Sum", "Mean"):
             return self._reduced(op, depth)
         return Form("unknown", f"computed by a {op.type} op")
@@ -803,9 +811,11 @@ def read_forms(model: keras.Model, loss_of: Callable, x: Any, y: Any, sample_wei
         cached[key] = _trace_forms(model, loss_of, x, y, sample_weight, len(terms))
     forms = cached[key]
     if forms is None or len(forms.records) != len(records) or len(forms.terms) != len(terms):
-        why = Form("unknown", "the trace that reads loss forms did not see the same losses")
-        return Forms([why if u else None for u in unread],
-                     [TermForm(why, f"model.losses[{i}]") for i in range(len(terms))])
+        why = Form("unknown", "the trace that reads loss forms failed or saw other losses")
+        first_regularizer = len(terms) - n_regularizers  # Keras appends them last
+        return Forms([why if u else None for u in unread], [
+            TermForm(ONCE, f"model.losses[{i}] (a weight regulariser)") if i >= first_regularizer
+            else TermForm(why, f"model.losses[{i}]") for i in range(len(terms))])
     return Forms([f if u else None for f, u in zip(forms.records, unread, strict=True)],
                  forms.terms)
 
@@ -834,7 +844,7 @@ def _trace_forms(model: keras.Model, loss_of: Callable, x: Any, y: Any, sample_w
         specs = tf.nest.map_structure(spec, (x, y, sample_weight))
     except (TypeError, ValueError):
         return None
-    found: list[Forms] = []
+    found = []  # (no annotation: autograph cannot make an annotated name nonlocal)
 
     def traced(x, y, sample_weight):
         graph = SampleGraph((x, y, sample_weight))
@@ -971,7 +981,7 @@ def _warn_term(owner: Any, term: TermForm, weighed_as: str) -> None:
     cannot make exact, how it is weighed instead, and what makes it exact."""
     what = {"sum": "a sum over the micro-batch's samples",
             "mean": "a mean over the micro-batch's samples",
-            "unknown": f"neither a sum nor a mean over samples ({term.form.detail})"}
+            "unknown": f"neither a sum nor a mean over samples (here: {term.form.detail})"}
     _warn_once(owner, ("term", term.name, weighed_as), (
         f"{term.name} is {what[term.form.kind]}, but the model's loss is {weighed_as}, so one "
         "weight per micro-batch cannot make the window equal the large batch: accumcore "
