@@ -101,7 +101,8 @@ def _report(record: Denominator, value: Any = None) -> None:
     if stack:
         records, graph = stack[-1]
         if graph is not None and record.kind == "unknown" and value is not None:
-            record = record._replace(form=graph.form(tf.convert_to_tensor(value)))
+            record = Denominator(record.value, record.kind, record.key, record.name,
+                                 graph.form(tf.convert_to_tensor(value)))
         records.append(record)
 
 
@@ -927,7 +928,7 @@ def loss_weights(
         replicas: the replicas in sync (1 without a strategy).
         owner: the model, for warning once.
     """
-    records = [r._replace(form=f) if f is not None else r
+    records = [Denominator(r.value, r.kind, r.key, r.name, f) if f is not None else r
                for r, f in zip(records, forms.records, strict=True)]
     samples_f = tf.cast(samples, tf.float32)
     terms = list(enumerate(forms.terms))
