@@ -417,19 +417,6 @@ def test_unsupported_reductions_raise_and_name_the_ones_that_work(data):
                         accum_steps=K, normalizer="sample_weight")
 
 
-def test_sum_reduction_with_regularisation_losses_raises(data):
-    x, y = data
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((8,))
-    outputs = keras.layers.Dense(3, activation="softmax",
-                                 kernel_regularizer=keras.regularizers.L2(0.01))(inputs)
-    trainer = ac.AccumTrainer(keras.Model(inputs, outputs), _sgd_small(), SUM_LOSS,
-                              accum_steps=K)
-    with pytest.raises(ValueError, match="regularisation losses"):
-        trainer.fit(dataset(x, y, micro=MICRO), mode="eager", verbose=0)
-    assert trainer.state.counters()["micro_batches_seen"] == 0
-
-
 # ---------------------------------------------------------------------------- unbatched data
 @pytest.mark.parametrize("mode", MODES)
 def test_unbatched_dataset_names_batch(mode, data):

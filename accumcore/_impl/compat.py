@@ -93,6 +93,22 @@ def compute_loss(
     return model.compute_loss(**kwargs)
 
 
+def compile_arguments(model: keras.Model) -> dict | None:
+    """The arguments ``model`` was last compiled with, as given: the live objects (losses,
+    metrics, optimizer), not their configs; ``None`` where not found.
+
+    Keras exports no accessor for them. ``Trainer.compile`` (Keras 3.0-3.15) keeps them in
+    ``model._compile_config``, a ``SerializableDict`` whose ``config`` holds the arguments as
+    passed (``optimizer`` as resolved, ``jit_compile`` as resolved) and which
+    ``get_compile_config`` serialises; compiling again from that serialised form would fail
+    for what plain ``fit`` never serialises (an unregistered ``Loss`` subclass, a schedule
+    without ``get_config``, a plain function as a metric). Read by attribute, so a release
+    without it takes the caller's fallback.
+    """
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    return dict(config) if isinstance(config, dict) else None
+
+
 def batchnorm_renorm(layer: keras.layers.BatchNormalization) -> bool:
     """Whether a BatchNormalization layer uses batch renormalisation (``renorm=True``).
 

@@ -24,6 +24,14 @@ Keras's), and reports the denominator of that same reduction to the innermost
 :func:`recording` context of the calling thread (each replica of a ``tf.distribute`` strategy
 runs in its own thread). :func:`micro_batch_weight` turns the records of one micro-batch into
 ``c_i``.
+
+Keras's training loss also adds every entry of ``model.losses`` (``add_loss`` terms,
+regularisers), each as it is: a per-sample vector summed over the batch, a weight regulariser
+once per batch. :func:`read_forms` reads each entry's :class:`Form` (a sum over samples, a
+mean, no samples at all, or none of these) from one trace with a static batch
+(:class:`SampleGraph`), and so the value of a loss that returns one number per batch;
+:func:`loss_weights` weighs each part so that the window equals the large batch, and warns
+where one weight per micro-batch cannot.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -55,34 +64,46 @@ class Denominator(NamedTuple):
       micro-batch. ``("samples",)`` for an unmasked loss with a static number of elements per
       sample; otherwise the identities of the mask and weight tensors.
     * ``name``: the loss's (or its output's) name, for messages.
+    * ``form``: for an ``"unknown"`` denominator, how the loss's value depends on the
+      micro-batch's samples (:class:`Form`), where the trace that reads forms saw it
+      (:func:`read_forms`); ``None`` where not read.
     """
 
     value: tf.Tensor | None
     kind: str
     key: tuple
     name: str
+    form: Form | None = None
 
 
 _local = threading.local()
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[Denominator]]:
+def recording(graph: SampleGraph | None = None) -> Iterator[list[Denominator]]:
     """Collect the :class:`Denominator` of every :class:`CountedLoss` called inside, in call
-    order (this thread only; nested contexts collect separately)."""
+    order (this thread only; nested contexts collect separately). With ``graph`` (the trace
+    of :func:`read_forms`), a loss whose value Keras does not reduce also records its
+    :class:`Form`."""
     stack = _local.__dict__.setdefault("stack", [])
     records: list[Denominator] = []
-    stack.append(records)
+    stack.append((records, graph))
     try:
         yield records
     finally:
         stack.pop()
 
 
-def _report(record: Denominator) -> None:
+def _report(record: Denominator, value: Any = None) -> None:
+    """Record ``record``; an ``"unknown"`` one with the :class:`Form` of the loss's ``value``
+    where the innermost :func:`recording` reads forms."""
     stack = getattr(_local, "stack", None)
     if stack:
-        stack[-1].append(record)
+        records, graph = stack[-1]
+        if graph is not None and record.kind == "unknown" and value is not None:
+            record = Denominator(record.value, record.kind, record.key, record.name,
+                                 graph.form(tf.convert_to_tensor(value)))
+        records.append(record)
 
 
 def _same_rank(x1: tf.Tensor, x2: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -279,8 +300,9 @@ class CountedLoss(keras.losses.Loss):
             loss = self._resolved = resolve_loss(self.loss, y_true, y_pred)
         label = self.output or loss.name
         if not _reduces_itself(loss):
-            _report(Denominator(None, "unknown", ("unknown",), label))
-            return loss(y_true, y_pred, sample_weight)
+            value = loss(y_true, y_pred, sample_weight)
+            _report(Denominator(None, "unknown", ("unknown",), label), value)
+            return value
         in_mask = compat.keras_mask(y_pred)
         with tf.name_scope(loss.name):
             y_pred_c = tf.nest.map_structure(
@@ -300,7 +322,7 @@ class CountedLoss(keras.losses.Loss):
                 mask_ids=tuple(id(m) for m in masks), name=label,
             )
         value_d = None if record.value is None else tf.stop_gradient(record.value)
-        _report(Denominator(value_d, record.kind, record.key, record.name))
+        _report(Denominator(value_d, record.kind, record.key, record.name), value)
         return value
 
     def call(self, y_true, y_pred):  # pragma: no cover - __call__ does the work
@@ -382,9 +404,6 @@ def _describe(record: Denominator) -> str:
     return f"{record.name!r} divides by {what}"
 
 
-_warned_masks: set[int] = set()
-
-
 def _warn_unseen_mask(y_pred: Any, why: str) -> None:
     """One warning per trace: a Keras mask is present, but the loss's denominator is unseen."""
     if not any(compat.keras_mask(t) is not None for t in tf.nest.flatten(y_pred)):
@@ -402,7 +421,7 @@ def _warn_unseen_mask(y_pred: Any, why: str) -> None:
 
 def micro_batch_weight(
     normalizer: str | Callable, records: Sequence[Denominator], x: Any, y: Any,
-    sample_weight: Any, y_pred: Any, samples: tf.Tensor,
+    sample_weight: Any, y_pred: Any, samples: tf.Tensor, owner: Any = None,
 ) -> tf.Tensor:
     """``c_i`` of one micro-batch (float32 scalar), from the denominators its losses reported.
 
@@ -415,8 +434,13 @@ def micro_batch_weight(
             (a summed loss: the sample count, for logging) or a callable
             ``f(x, y, sample_weight) -> count``, used as given.
         records: what the micro-batch's :class:`CountedLoss` es reported (:func:`recording`).
+            A loss whose value Keras does not reduce (its ``call`` returns a scalar, or its
+            ``__call__`` is its own) counts as a mean over samples where its :class:`Form`
+            says it is one; otherwise, with ``normalizer="auto"``, it is weighed by its
+            samples with a warning (once per loss and ``owner``) that names ``normalizer=``.
         x, y, sample_weight, y_pred: the micro-batch and the model's output for it.
         samples: the micro-batch's number of samples (int scalar).
+        owner: the model, for warning once (``None``: every call warns).
 
     Raises:
         ValueError: where no single weight is exact: several outputs whose denominators are
@@ -424,21 +448,77 @@ def micro_batch_weight(
             beside a count), or an explicit ``"samples"`` / ``"sample_weight"`` that the
             losses' denominators contradict.
     """
+    return _weight_and_key(normalizer, records, x, y, sample_weight, y_pred, samples,
+                           owner)[0]
+
+
+def _weight_and_key(
+    normalizer: str | Callable, records: Sequence[Denominator], x: Any, y: Any,
+    sample_weight: Any, y_pred: Any, samples: tf.Tensor, owner: Any,
+) -> tuple[tf.Tensor, tuple]:
+    """:func:`micro_batch_weight` and what it is proportional to (a :attr:`Denominator.key`;
+    ``("samples",)`` for a count of samples, ``("normalizer",)`` for a callable's count)."""
+    samples_f = tf.cast(samples, tf.float32)
     if callable(normalizer):
-        return tf.stop_gradient(tf.cast(normalizer(x, y, sample_weight), tf.float32))
+        count = tf.stop_gradient(tf.cast(normalizer(x, y, sample_weight), tf.float32))
+        return count, ("normalizer",)
     if normalizer == "sum":
-        return tf.cast(samples, tf.float32)
-    known = [r for r in records if r.kind != "unknown"]
-    if len(known) < len(records) or not records:
+        return samples_f, ("sum",)
+    scalar_means = [r.kind == "unknown" and r.form is not None and r.form.kind == "mean"
+                    for r in records]
+    records = [Denominator(samples_f, "elements", ("samples",), r.name) if is_mean else r
+               for r, is_mean in zip(records, scalar_means, strict=True)]
+    unseen = [r for r in records if r.kind == "unknown"]
+    if unseen and normalizer == "auto":
+        for record in unseen:
+            _warn_unseen_denominator(owner, record, y_pred)
+    elif unseen or any(scalar_means) or not records:
         _warn_unseen_mask(
             y_pred, "the loss is not a Keras loss that reduces (a custom `compute_loss`, or a "
             "function returning a scalar)")
-        if not known:
-            if normalizer == "sample_weight" and sample_weight is not None:
-                return tf.stop_gradient(tf.reduce_sum(tf.cast(sample_weight, tf.float32)))
-            return tf.cast(samples, tf.float32)
+    known = [r for r in records if r.kind != "unknown"]
+    if not known:
+        if normalizer == "sample_weight" and sample_weight is not None:
+            weights = tf.stop_gradient(tf.reduce_sum(tf.cast(sample_weight, tf.float32)))
+            return weights, ("weights", id(sample_weight))
+        return samples_f, ("samples",)
     record = _the_denominator(normalizer, known)
-    return tf.cast(samples, tf.float32) if normalizer == "samples" else record.value
+    if normalizer == "samples":
+        return samples_f, ("samples",)
+    return record.value, record.key
+
+
+def _warn_unseen_denominator(owner: Any, record: Denominator, y_pred: Any) -> None:
+    """Once per loss and model: a compiled loss returns one number per micro-batch that is not
+    a mean over samples (or cannot be read), and ``normalizer`` is not given."""
+    why = record.form.detail if record.form is not None and record.form.detail else (
+        "it returns one number per micro-batch, and its graph could not be read")
+    masked = any(compat.keras_mask(t) is not None for t in tf.nest.flatten(y_pred))
+    _warn_once(owner, ("loss", record.name), (
+        f"The loss {record.name!r} returns one number per micro-batch that accumcore cannot "
+        f"read as a sum or a mean over samples (here: {why}), so it weighs each micro-batch by "
+        "its number of samples: exact only if the loss is a mean over samples"
+        + (" (the model's output carries a Keras mask)" if masked else "")
+        + ". If the loss divides by its own count (tokens, a mask), pass that count as "
+        "`normalizer`, e.g. for the tokens whose label is not padding: `normalizer=lambda x, "
+        "y, sample_weight: tf.reduce_sum(tf.cast(y > 0, tf.float32))`."
+    ))
+
+
+def _warn_once(owner: Any, key: tuple, message: str) -> None:
+    """``warnings.warn(message)``, once per ``key`` and ``owner`` (every time without one)."""
+    if owner is not None:
+        try:
+            seen = _WARNED.setdefault(owner, set())
+        except TypeError:  # pragma: no cover - an owner that cannot be weakly referenced
+            seen = set()
+        if key in seen:
+            return
+        seen.add(key)
+    warnings.warn(message, UserWarning, stacklevel=5)
+
+
+_WARNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _the_denominator(normalizer: str, known: Sequence[Denominator]) -> Denominator:
@@ -468,3 +548,448 @@ def _the_denominator(normalizer: str, known: Sequence[Denominator]) -> Denominat
             f"{_describe(record)}. Leave `normalizer` unset (default 'auto')."
         )
     return record
+
+
+# ---------------------------------------------------------------------- the form of a loss value
+class Form(NamedTuple):
+    """How a loss value depends on the samples of its micro-batch, read from its graph
+    (:class:`SampleGraph`).
+
+    * ``kind``: ``"once"`` (no sample: weights and constants only, such as a kernel
+      regulariser; Keras adds it once per batch), ``"sum"`` (a sum over samples, such as a
+      per-sample vector given to ``add_loss``, which Keras sums), ``"mean"`` (a sum over
+      samples divided by their number, or by a fixed number of elements per sample) or
+      ``"unknown"`` (anything else: a ratio of two sums such as a token mean, a maximum, a
+      product of two means).
+    * ``detail``: for ``"unknown"``, what was seen, for messages.
+    """
+
+    kind: str
+    detail: str = ""
+
+
+ONCE, SUM, MEAN = Form("once"), Form("sum"), Form("mean")
+
+#: The static batch size of the trace that :func:`read_forms` makes, so that TensorFlow's
+#: shape inference gives every tensor whose first axis is the batch this first dimension; a
+#: prime unlike a layer's width, so that no other axis is taken for the batch.
+PROBE_BATCH = 1009
+
+# Ops that pass a value on unchanged (up to its dtype or sign).
+_TRANSPARENT = frozenset({"Identity", "IdentityN", "Cast", "Neg", "Snapshot", "EnsureShape",
+                          "StopGradient", "PreventGradient"})
+_SHAPE_ONLY = frozenset({"Reshape", "Squeeze", "ExpandDims"})
+_ADDS = frozenset({"AddV2", "Add", "AddN", "Sub"})
+_DIVIDES = frozenset({"RealDiv", "DivNoNan", "Div"})
+_REDUCTIONS = frozenset({"Sum", "Mean", "Max", "Min", "Prod"})
+# Elementwise ops: each output row comes from the same row of each (broadcast) input.
+_ELEMENTWISE = frozenset({
+    "Mul", "AddV2", "Add", "AddN", "Sub", "RealDiv", "DivNoNan", "Div", "Maximum", "Minimum",
+    "SquaredDifference", "Square", "Abs", "Neg", "Exp", "Log", "Log1p", "Sqrt", "Rsqrt",
+    "Pow", "Relu", "Sigmoid", "Tanh", "Softplus", "Sign", "Reciprocal", "Select", "SelectV2",
+    "Cast", "Identity", "BiasAdd", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal",
+    "NotEqual", "LogicalAnd", "LogicalOr", "LogicalNot",
+})
+_MAX_DEPTH = 48
+
+
+class SampleGraph:
+    """The graph of one micro-batch's forward pass and loss, traced with a static batch of
+    :data:`PROBE_BATCH` samples, read to tell how a loss value depends on the samples.
+
+    A value that no op connects to the micro-batch's tensors (``data``) is ``"once"``. Above
+    that, the reading follows the ops Keras and users write losses with: casts and signs;
+    sums and differences of terms of one kind; scaling by a number that does not depend on
+    the samples; division by the batch size (``ops.shape(x)[0]``, static here); and the
+    reduction of a tensor whose first axis is the batch (``ops.sum``: ``"sum"``,
+    ``ops.mean``: ``"mean"``, if its other axes are static) and whose rows belong to one
+    sample each (no value that mixes samples is broadcast into them). Below such a reduction
+    every row is taken to be one sample's, as a model's layers compute it (BatchNormalization
+    in training couples samples, which the window-level layer handles).
+    """
+
+    def __init__(self, data: Any) -> None:
+        leaves = [t for t in tf.nest.flatten(data, expand_composites=True) if t is not None]
+        self._sources = {t.op for t in leaves if hasattr(t, "op")}
+        self._memo: dict = {}
+
+    # -------------------------------------------------------------- dependence on the samples
+    def depends(self, tensor: tf.Tensor) -> bool:
+        """Whether ``tensor`` is computed from the micro-batch (iterative: graphs are deep)."""
+        root = tensor.op
+        memo = self._memo
+        stack = [(root, False)]
+        while stack:
+            op, expanded = stack.pop()
+            if op in memo:
+                continue
+            if op in self._sources:
+                memo[op] = True
+            elif not expanded:
+                stack.append((op, True))
+                stack.extend((i.op, False) for i in op.inputs if i.op not in memo)
+            else:
+                memo[op] = any(memo.get(i.op, False) for i in op.inputs)
+        return memo[root]
+
+    def _batch_leading(self, tensor: tf.Tensor) -> bool:
+        return tensor.shape.rank is not None and tensor.shape.rank >= 1 and (
+            tensor.shape[0] == PROBE_BATCH)
+
+    def _rows_per_sample(self, tensor: tf.Tensor, depth: int = 0) -> bool:
+        """Whether each row (first axis) of ``tensor`` is one sample's: its first axis is the
+        batch, and no value that depends on the samples but is not one row per sample is
+        broadcast into it by the elementwise ops (or reductions over other axes) above it."""
+        if not self.depends(tensor):
+            return True
+        if not self._batch_leading(tensor):
+            return False
+        op = tensor.op
+        if depth > _MAX_DEPTH:
+            return True
+        if op.type in _ELEMENTWISE:
+            return all(self._rows_per_sample(i, depth + 1) for i in op.inputs
+                       if i.dtype != tf.resource)
+        if op.type in _REDUCTIONS and 0 not in self._axes(op):
+            return self._rows_per_sample(op.inputs[0], depth + 1)
+        return True
+
+    @staticmethod
+    def _axes(op: tf.Operation) -> set[int]:
+        """The axes a reduction op reduces (all of them where unknown)."""
+        rank = op.inputs[0].shape.rank
+        axes = tf.get_static_value(op.inputs[1])
+        if rank is None or axes is None:
+            return set(range(rank or 1))
+        return {int(a) % max(rank, 1) for a in tf.nest.flatten(axes.tolist())}
+
+    def _is_batch_size(self, tensor: tf.Tensor) -> bool:
+        value = tf.get_static_value(tensor)
+        return value is not None and getattr(value, "size", 1) == 1 and (
+            float(value) == PROBE_BATCH)
+
+    # -------------------------------------------------------------- forms
+    def summed_form(self, tensor: Any) -> Form:
+        """The :class:`Form` of ``ops.sum(tensor)``: how Keras adds an entry of
+        ``model.losses`` (a scalar as it is, any other shape summed)."""
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.shape.rank == 0 or tensor.shape.num_elements() == 1:
+            return self.form(tensor)
+        if not self.depends(tensor):
+            return ONCE
+        if self._rows_per_sample(tensor):
+            return SUM
+        return Form("unknown", f"a tensor of shape {tensor.shape} whose first axis is not one "
+                               "row per sample")
+
+    def form(self, tensor: tf.Tensor, depth: int = 0) -> Form:
+        """The :class:`Form` of a scalar (or one-element) ``tensor``."""
+        if not self.depends(tensor):
+            return ONCE
+        op = tensor.op
+        if depth > _MAX_DEPTH:
+            return Form("unknown", "an expression too deep to read")
+        if op.type in _TRANSPARENT or (op.type in _SHAPE_ONLY
+                                       and op.inputs[0].shape.num_elements() == 1):
+            return self.form(op.inputs[0], depth + 1)
+        if op.type in _ADDS:
+            return _combined([self.form(i, depth + 1) for i in op.inputs])
+        if op.type == "Mul":
+            a, b = op.inputs
+            if not self.depends(a):
+                return self.form(b, depth + 1)
+            if not self.depends(b):
+                return self.form(a, depth + 1)
+            return Form("unknown", "a product of two values that depend on the samples")
+        if op.type in _DIVIDES:
+            numerator, denominator = op.inputs
+            form = self.form(numerator, depth + 1)
+            if self._is_batch_size(denominator):
+                return MEAN if form.kind == "sum" else Form(
+                    "unknown", f"a {form.kind} value divided by the batch size")
+            if not self.depends(denominator):
+                return form
+            return Form("unknown", "divided by a count computed from the samples, such as "
+                                   "its tokens or mask entries")
+        if op.type in ("Sum", "Mean"):
+            return self._reduced(op, depth)
+        return Form("unknown", f"computed by a {op.type} op")
+
+    def _reduced(self, op: tf.Operation, depth: int) -> Form:
+        values = op.inputs[0]
+        rank = values.shape.rank
+        if rank == 0:
+            return self.form(values, depth + 1)
+        if rank is None or self._axes(op) != set(range(rank)):
+            return Form("unknown", f"a {op.type.lower()} over some axes only")
+        if not self._rows_per_sample(values):
+            return Form("unknown", f"a {op.type.lower()} of values that are not one row per "
+                                   "sample")
+        if op.type == "Sum":
+            return SUM
+        if values.shape[1:].is_fully_defined():
+            return MEAN
+        return Form("unknown", "a mean over a number of elements per sample that varies")
+
+
+def _combined(forms: Sequence[Form]) -> Form:
+    """The form of a sum of terms: terms without samples add to a mean (the window weighs
+    them to once), never to a sum (it would add them once per micro-batch)."""
+    data = [f for f in forms if f.kind != "once"]
+    if not data:
+        return ONCE
+    unknown = next((f for f in data if f.kind == "unknown"), None)
+    if unknown is not None:
+        return unknown
+    kinds = {f.kind for f in data}
+    if kinds == {"mean"}:
+        return MEAN
+    if kinds == {"sum"} and len(data) == len(forms):
+        return SUM
+    return Form("unknown", "a sum over samples added to a mean or to a term without samples")
+
+
+class TermForm(NamedTuple):
+    """The :class:`Form` of one entry of ``model.losses`` and a name for messages (its
+    position and, where read, the op that computed it)."""
+
+    form: Form
+    name: str
+
+
+class Forms(NamedTuple):
+    """What :func:`read_forms` read: the forms of the unreduced losses' values (one per
+    :class:`CountedLoss` record, in call order; ``None`` for a reduced loss) and of the
+    entries of ``model.losses``."""
+
+    records: list
+    terms: list
+
+
+def regularization_count(model: keras.Model) -> int:
+    """How many entries of ``model.losses`` are weight regularisers: Keras appends one per
+    trainable variable with a ``regularizer``, after the ``add_loss`` entries."""
+    return sum(getattr(v, "regularizer", None) is not None for v in model.trainable_variables)
+
+
+_FORMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def read_forms(model: keras.Model, loss_of: Callable, x: Any, y: Any, sample_weight: Any,
+               records: Sequence[Denominator], terms: Sequence[Any], cache_key: tuple) -> Forms:
+    """The forms of one micro-batch's unreduced losses and ``model.losses`` entries.
+
+    Where nothing needs reading (every loss reduced by Keras, every entry a weight
+    regulariser) no trace is made. Otherwise the forward pass and ``loss_of`` are traced once
+    more with a static batch of :data:`PROBE_BATCH` samples (a concrete function that never
+    runs: no variable changes, no randomness is drawn) and read by a :class:`SampleGraph`;
+    the result is kept per model and ``cache_key`` (the loss) and input signature. Call it
+    after the micro-batch's own ``model.losses`` were read: the trace leaves its own values
+    in the layers until the next call.
+
+    Args:
+        records: what the micro-batch's losses reported (:func:`recording`).
+        terms: the micro-batch's ``model.losses`` entries (empty: not read).
+        cache_key: identifies ``loss_of`` across calls (the model's compiled loss, or the
+            trainer's loss).
+    """
+    unread = [r.kind == "unknown" for r in records]
+    n_regularizers = regularization_count(model)
+    if not any(unread) and len(terms) <= n_regularizers:
+        return Forms([None] * len(records),
+                     [TermForm(ONCE, f"model.losses[{i}] (a weight regulariser)")
+                      for i in range(len(terms))])
+    try:
+        signature = tuple(
+            None if t is None else (tuple(t.shape[1:]), tf.as_dtype(t.dtype).name)
+            for t in tf.nest.flatten((x, y, sample_weight)))
+        structure = tf.nest.map_structure(lambda _: 0, (x, y, sample_weight))
+    except (TypeError, ValueError, AttributeError):
+        signature = structure = None
+    key = (cache_key, repr(structure), signature, len(records), len(terms))
+    cached = _FORMS.setdefault(model, {}) if _weakrefable(model) else {}
+    if key not in cached:
+        cached[key] = _trace_forms(model, loss_of, x, y, sample_weight, len(terms))
+    forms = cached[key]
+    if forms is None or len(forms.records) != len(records) or len(forms.terms) != len(terms):
+        why = Form("unknown", "the trace that reads loss forms failed or saw other losses")
+        first_regularizer = len(terms) - n_regularizers  # Keras appends them last
+        return Forms([why if u else None for u in unread], [
+            TermForm(ONCE, f"model.losses[{i}] (a weight regulariser)") if i >= first_regularizer
+            else TermForm(why, f"model.losses[{i}]") for i in range(len(terms))])
+    return Forms([f if u else None for f, u in zip(forms.records, unread, strict=True)],
+                 forms.terms)
+
+
+def _weakrefable(obj: Any) -> bool:
+    try:
+        weakref.ref(obj)
+    except TypeError:  # pragma: no cover
+        return False
+    return True
+
+
+def _trace_forms(model: keras.Model, loss_of: Callable, x: Any, y: Any, sample_weight: Any,
+                 n_terms: int) -> Forms | None:
+    """:func:`read_forms`'s trace (``None`` where the micro-batch cannot be traced with a
+    static batch: composite tensors, a failing trace)."""
+    def spec(t):
+        if t is None:
+            return None
+        t = tf.convert_to_tensor(t)
+        if t.shape.rank is None or t.shape.rank == 0:
+            raise TypeError("no batch axis")
+        return tf.TensorSpec((PROBE_BATCH, *t.shape[1:]), t.dtype)
+
+    try:
+        specs = tf.nest.map_structure(spec, (x, y, sample_weight))
+    except (TypeError, ValueError):
+        return None
+    found = []  # (no annotation: autograph cannot make an annotated name nonlocal)
+
+    def traced(x, y, sample_weight):
+        graph = SampleGraph((x, y, sample_weight))
+        with recording(graph) as probe_records:
+            y_pred = model(x, training=True)
+            loss_of(x, y, y_pred, sample_weight)
+        terms = list(model.losses)
+        names = [f"model.losses[{i}] ({getattr(t, 'name', '?')})" for i, t in enumerate(terms)]
+        found.append(Forms([r.form for r in probe_records],
+                           [TermForm(graph.summed_form(t), n) for t, n in zip(terms, names,
+                                                                               strict=True)]))
+        return tf.constant(0.0)
+
+    try:
+        tf.function(traced).get_concrete_function(*specs)
+    except Exception:  # noqa: BLE001 - a model that cannot be traced this way: forms unread
+        return None
+    return found[0] if found and len(found[0].terms) == n_terms else None
+
+
+# ---------------------------------------------------------------------- the micro-batch's weights
+class LossWeights(NamedTuple):
+    """How one micro-batch's loss enters the window (:func:`loss_weights`).
+
+    * ``weight``: ``c_i``, what the window adds to its weight ``W`` (float32 scalar).
+    * ``scale``: what the micro-batch's loss (the compiled loss plus ``model.losses``, as
+      Keras sums them) is multiplied by: ``c_i``, or 1 where the window is a sum.
+    * ``extra``: ``(i, e)`` pairs: ``e * sum(model.losses[i])`` is added too, so that entry
+      ``i`` enters with ``scale + e`` (float32 scalars).
+    * ``log_weight``: what the logged loss weighs this micro-batch by.
+    * ``weigh_after``: whether the weight may multiply the gradients after the backward pass
+      (mixed precision) instead of the loss: true where the loss is a mean.
+    """
+
+    weight: tf.Tensor
+    scale: tf.Tensor
+    extra: list
+    log_weight: tf.Tensor
+    weigh_after: bool
+
+
+def loss_weights(
+    normalizer: str | Callable, records: Sequence[Denominator], forms: Forms, x: Any, y: Any,
+    sample_weight: Any, y_pred: Any, samples: tf.Tensor, *, first_in_window: Callable,
+    accum_steps: int, replicas: float = 1.0, owner: Any = None,
+) -> LossWeights:
+    """Each part of one micro-batch's loss weighed so that the window equals the large batch.
+
+    The large batch's loss is the compiled loss (a mean over its denominator ``D``, or a sum)
+    plus every entry of ``model.losses``, each added once (Keras sums a non-scalar entry).
+    The window applies ``sum_i (gradient of the micro-batch's weighed loss) / W``:
+
+    * compiled mean loss (or none, with every data-dependent entry a mean over samples):
+      ``c_i = D_i`` (samples without a compiled loss), ``W = sum D_i``. An entry that is a
+      mean over samples (with ``D`` a count of samples) or has no samples (a weight
+      regulariser) enters with ``c_i``: after ``/ W`` it is weighed as at B, and counted once.
+    * no compiled loss, and the entries are sums over samples (``add_loss`` of per-sample
+      values, as Keras's endpoint layers do): the window is a sum. ``c_i`` is 1 for the first
+      micro-batch of the window and 0 after (``first_in_window``; over the replicas of a
+      strategy ``1 / replicas`` each), so ``W = 1``: every sum enters with 1, and an entry
+      without samples with ``c_i``, once per window.
+    * a compiled loss with ``reduction="sum"`` (``normalizer == "sum"``: the window is not
+      divided): sums enter with 1, an entry without samples once per window.
+
+    What one weight per micro-batch cannot make exact is warned about, once per entry and
+    model, and weighed as if every window held ``accum_steps`` micro-batches of equal weight:
+    a sum over samples beside a mean (``K c_i``), a mean beside a sum (``1 / K``), a mean
+    over samples beside a loss that divides by another count, and an entry that is neither a
+    sum nor a mean over samples (``Form`` ``"unknown"``).
+
+    Args:
+        normalizer: the resolved normaliser (``"auto"``, ``"samples"``, ``"sample_weight"``,
+            ``"sum"`` or a callable; see :func:`micro_batch_weight`).
+        records: what the compiled losses reported (:func:`recording`).
+        forms: what :func:`read_forms` read for ``records`` and ``model.losses``.
+        x, y, sample_weight, y_pred, samples: the micro-batch (see
+            :func:`micro_batch_weight`).
+        first_in_window: ``() -> bool scalar``, whether no micro-batch is in the window yet.
+        accum_steps: K.
+        replicas: the replicas in sync (1 without a strategy).
+        owner: the model, for warning once.
+    """
+    records = [Denominator(r.value, r.kind, r.key, r.name, f) if f is not None else r
+               for r, f in zip(records, forms.records, strict=True)]
+    samples_f = tf.cast(samples, tf.float32)
+    terms = list(enumerate(forms.terms))
+    kinds = {t.form.kind for _, t in terms} - {"once"}
+    k = float(accum_steps)
+
+    def first() -> tf.Tensor:
+        return tf.cast(first_in_window(), tf.float32) / replicas
+
+    if normalizer == "sum":  # a compiled summed loss: the window is a sum, not divided
+        extra = []
+        for i, term in terms:
+            if term.form.kind == "once":
+                extra.append((i, first() - 1.0))
+            elif term.form.kind != "sum":
+                _warn_term(owner, term, "a sum (the compiled loss has reduction='sum')")
+                extra.append((i, tf.constant(1.0 / k - 1.0)))
+        return LossWeights(samples_f, tf.constant(1.0), extra, samples_f, False)
+    if normalizer == "auto" and not records and "sum" in kinds and "mean" not in kinds:
+        weight = first()  # W = 1: the window's terms are sums
+        extra = []
+        for i, term in terms:
+            if term.form.kind == "once":
+                extra.append((i, weight - 1.0))
+            elif term.form.kind == "unknown":
+                _warn_term(owner, term, "a sum (the other entries of model.losses are sums)")
+                extra.append((i, tf.constant(1.0 / k - 1.0)))
+        return LossWeights(weight, tf.constant(1.0), extra, samples_f, False)
+    weight, key = _weight_and_key(normalizer, records, x, y, sample_weight, y_pred, samples,
+                                  owner)
+    extra = []
+    for i, term in terms:
+        if term.form.kind == "sum":
+            _warn_term(owner, term, "a mean (the compiled loss's, or the other entries')")
+            extra.append((i, (k - 1.0) * weight))
+        elif term.form.kind == "mean" and key != ("samples",):
+            _warn_term(owner, term, f"the loss, which divides by {_key_words(key)}")
+        elif term.form.kind == "unknown":
+            _warn_term(owner, term, "a mean over the loss's denominator")
+    return LossWeights(weight, weight, extra, weight, True)
+
+
+def _key_words(key: tuple) -> str:
+    return {"valid": "its valid elements (a Keras mask or ignore_class)",
+            "weights": "its sample-weight sum", "normalizer": "the normalizer's count",
+            "elements": "its number of elements"}.get(key[0], "another count")
+
+
+def _warn_term(owner: Any, term: TermForm, weighed_as: str) -> None:
+    """Once per entry and model: an entry of ``model.losses`` that one weight per micro-batch
+    cannot make exact, how it is weighed instead, and what makes it exact."""
+    what = {"sum": "a sum over the micro-batch's samples",
+            "mean": "a mean over the micro-batch's samples",
+            "unknown": f"neither a sum nor a mean over samples (here: {term.form.detail})"}
+    _warn_once(owner, ("term", term.name, weighed_as), (
+        f"{term.name} is {what[term.form.kind]}, but the model's loss is {weighed_as}, so one "
+        "weight per micro-batch cannot make the window equal the large batch: accumcore "
+        "weighs it as if every window held K micro-batches of equal weight (exact only then). "
+        "To be exact, make every part of the loss the same kind: sums over samples (compile "
+        "without a loss, or with reduction='sum', and `add_loss` per-sample values), or means "
+        "over samples (`add_loss(ops.mean(...))` beside a loss without a mask); a term that "
+        "is neither (a token mean, a maximum) becomes exact as a sum or mean over samples, "
+        "or as a compiled loss with a Keras mask."
+    ))

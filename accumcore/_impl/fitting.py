@@ -233,9 +233,8 @@ def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: An
 
     Keras's own ``compile`` gets the counted losses directly. A class with a ``compile`` of its
     own (a KerasHub task resolving ``loss="auto"``) compiles first; its losses are then
-    counted by compiling again with Keras's own ``compile``, from the compile config, with the
-    same optimizer object (so metrics given as objects are re-created from their config).
-    ``model.loss`` is the loss as given either way.
+    counted by compiling again with Keras's own ``compile`` (:func:`recount`: the same
+    objects). ``model.loss`` is the loss as given either way.
     """
     if _own(base, "compile"):
         args = list(args)
@@ -253,14 +252,25 @@ def compile_counted(model: keras.Model, base: Callable, *args: Any, **kwargs: An
 
 def recount(model: keras.Model) -> None:
     """Compile ``model`` again, as it is compiled, with its losses counted (a no-op if it is
-    not compiled, or has no loss)."""
-    config = keras.Model.get_compile_config(model)
-    if config is None or getattr(model, "loss", None) is None:
+    not compiled, or has no loss).
+
+    The arguments are the objects ``compile`` was given (``compat.compile_arguments``), the
+    optimizer the model holds, never objects rebuilt from a serialised config: what plain
+    ``fit`` trains with (an unregistered ``Loss`` subclass, a schedule without
+    ``get_config``, a function as a metric) trains here too, and saving meets them as plain
+    Keras does.
+    """
+    if not getattr(model, "compiled", False) or getattr(model, "loss", None) is None:
         return
-    config = keras.saving.deserialize_keras_object(plain_compile_config(config))
-    config["optimizer"] = model.optimizer
-    config["loss"] = counted(uncounted(model.loss), getattr(model, "output_names", None))
-    keras.Model.compile(model, **config)
+    arguments = compat.compile_arguments(model)
+    if arguments is None:  # pragma: no cover - a Keras without compile's own arguments
+        config = keras.Model.get_compile_config(model)
+        if not config:
+            return
+        arguments = keras.saving.deserialize_keras_object(plain_compile_config(config))
+    arguments["optimizer"] = model.optimizer
+    arguments["loss"] = counted(uncounted(model.loss), getattr(model, "output_names", None))
+    keras.Model.compile(model, **arguments)
 
 
 def plain_compile_config(config: Any) -> Any:
@@ -417,17 +427,17 @@ def train_on_batch(model: keras.Model, base: Callable, *args: Any, **kwargs: Any
     return result
 
 
-def _loss_of(model: keras.Model) -> Callable:
-    def loss_of(x, y, y_pred, sample_weight):
-        if y is None and model.loss is not None:
-            raise ValueError(
-                "`fit` got no labels (`y` is None) but the compiled loss needs them: pass `y` "
-                "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
-                "sample_weight)` tuples."
-            )
-        return compat.compute_loss(model, x=x, y=y, y_pred=y_pred,
-                                   sample_weight=sample_weight, training=True)
-    return loss_of
+def _compiled_loss(model: keras.Model, x, y, y_pred, sample_weight):
+    """The model's loss for one micro-batch, as ``keras.Model.fit`` computes it
+    (``compute_loss``); bound to ``model``, the ``loss_of`` of ``summed_loss_gradients``."""
+    if y is None and model.loss is not None:
+        raise ValueError(
+            "`fit` got no labels (`y` is None) but the compiled loss needs them: pass `y` "
+            "with array inputs, or make the dataset yield `(x, y)` or `(x, y, "
+            "sample_weight)` tuples."
+        )
+    return compat.compute_loss(model, x=x, y=y, y_pred=y_pred,
+                               sample_weight=sample_weight, training=True)
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
@@ -446,14 +456,16 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     if not model.trainable_variables:  # nothing to train: loss and metrics only, as Keras
         return base(data)
     state = model.accumulation
-    out = summed_loss_gradients(model, _loss_of(model), x, y, sample_weight,
-                                normalizer=state.weighting, optimizer=model.optimizer)
+    out = summed_loss_gradients(
+        model, functools.partial(_compiled_loss, model), x, y, sample_weight,
+        normalizer=state.weighting, optimizer=model.optimizer, state=state,
+        adds_model_losses=type(model).compute_loss is keras.Model.compute_loss)
     rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
               out.samples)
     tracker = loss_tracker(model)
     if tracker is not None:
         tracker.total.assign_add(out.weighted_loss)
-        tracker.count.assign_add(out.weight)
+        tracker.count.assign_add(out.log_weight)
     logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     logs.update(state.nonfinite_policy.fit_logs(state))  # what the policy skipped
     if is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)

@@ -14,7 +14,8 @@ import tensorflow as tf
 
 from accumcore._impl.denominators import (
     FunctionLoss,
-    micro_batch_weight,
+    loss_weights,
+    read_forms,
     recording,
     resolve_loss,
     uncounted,
@@ -147,12 +148,13 @@ def as_loss_fn(loss: Any) -> keras.losses.Loss:
 class MicroBatchResult(NamedTuple):
     """One micro-batch's forward and backward pass (see :func:`summed_loss_gradients`)."""
 
-    loss: tf.Tensor  # mean loss of the micro-batch, float32 scalar (for logging)
-    grads: list  # gradients of weight * loss (times the loss scale), one per trainable variable
+    loss: tf.Tensor  # the micro-batch's loss as Keras computes it, float32 scalar (for logging)
+    grads: list  # gradients of its weighed loss (times the loss scale), one per trainable variable
     weight: tf.Tensor  # c_i, float32 scalar
     samples: tf.Tensor  # number of samples, int32 scalar
     y_pred: Any  # the model's outputs, for metrics
-    weighted_loss: tf.Tensor  # weight * loss, float32 scalar (the logged mean's numerator)
+    weighted_loss: tf.Tensor  # log_weight * loss, float32 scalar (the logged mean's numerator)
+    log_weight: tf.Tensor  # what the logged mean weighs this micro-batch by (c_i for a mean)
 
 
 def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
@@ -165,6 +167,15 @@ def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
     return grad * tf.cast(factor, grad.dtype)
 
 
+def _loss_identity(model: keras.Model, loss_of: Callable) -> tuple:
+    """What identifies ``loss_of`` across micro-batches (a ``functools.partial`` by its
+    function and arguments), with the model's compiled loss."""
+    func = getattr(loss_of, "func", None)
+    parts = (func, *map(id, getattr(loss_of, "args", ()))) if func is not None else (
+        id(loss_of),)
+    return (*parts, id(getattr(model, "loss", None)))
+
+
 def summed_loss_gradients(
     model: keras.Model,
     loss_of: Callable[[Any, Any, Any, Any], tf.Tensor],
@@ -174,13 +185,16 @@ def summed_loss_gradients(
     *,
     normalizer: str | Callable,
     optimizer: keras.optimizers.Optimizer,
+    state: Any = None,
+    adds_model_losses: bool = True,
 ) -> MicroBatchResult:
     """Forward and backward pass of one micro-batch.
 
     Args:
         model: the Keras model (built).
-        loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's *mean*
-            loss (float scalar), e.g. ``model.compute_loss``. Its
+        loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's loss as
+            Keras computes it (float scalar: the compiled loss, a mean or a sum, plus every
+            entry of ``model.losses``), e.g. ``model.compute_loss``. Its
             ``CountedLoss`` es report what they divided by.
         x, y, sample_weight: one micro-batch.
         normalizer: how to weigh the micro-batch (see
@@ -188,38 +202,53 @@ def summed_loss_gradients(
             by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` for a summed loss
             (its gradient is accumulated as it is).
         optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).
+        state: the ``AccumulationState`` the micro-batch goes to (read for K and whether the
+            window is empty); ``None``: K = 1, the window empty.
+        adds_model_losses: whether ``loss_of`` adds ``model.losses`` as Keras does (each
+            entry summed, once): then each entry is weighed by its own form
+            (``accumcore._impl.denominators.loss_weights``). ``False`` (a ``compute_loss`` of
+            the model's own): the loss is weighed as one.
 
     Returns:
-        A :class:`MicroBatchResult`: the gradients are those of ``weight * mean_loss`` (times
-        the loss scale, if any) for ``model.trainable_variables``.
+        A :class:`MicroBatchResult`: the gradients are those of ``weight * loss`` (times the
+        loss scale, if any) for ``model.trainable_variables``, with each ``model.losses``
+        entry that is a sum over samples, or has no samples, weighed to enter the window as
+        it enters the large batch.
     """
     variables = model.trainable_variables
-    summed_loss = normalizer == "sum"  # reduction="sum": the loss is already c_i * L_i
     samples = batch_size_of(x)
     with tf.GradientTape() as tape:
         with recording() as denominators:
             y_pred = model(x, training=True)
             loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
-        # A constant to the tape (micro_batch_weight stops what could carry a gradient).
-        weight = micro_batch_weight(normalizer, denominators, x, y, sample_weight, y_pred,
-                                    samples)
+        terms = list(model.losses) if adds_model_losses else []
+        with tape.stop_recording():
+            forms = read_forms(model, loss_of, x, y, sample_weight, denominators, terms,
+                               _loss_identity(model, loss_of))
         factor = replica_loss_factor()
+        # Constants to the tape (micro_batch_weight stops what could carry a gradient).
+        weights = loss_weights(
+            normalizer, denominators, forms, x, y, sample_weight, y_pred, samples,
+            first_in_window=(lambda: tf.equal(state.window_samples, 0)) if state is not None
+            else (lambda: tf.constant(True)),
+            accum_steps=state.accum_steps if state is not None else 1, replicas=factor,
+            owner=model)
+        weight = weights.weight
         if factor != 1.0:
             loss = loss * factor
-        if summed_loss and model.losses:
-            raise ValueError(
-                "The loss has reduction='sum' and the model has regularisation losses "
-                "(`model.losses`): a window cannot add the penalty exactly once per update. "
-                "Use reduction='sum_over_batch_size' (the default), or drop the regularisers."
-            )
+        extra = [(tf.reduce_sum(tf.cast(terms[i], tf.float32)), e) for i, e in weights.extra]
         # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
         # float16 backward pass sees per-sample gradients of the usual size; the weight c_i
         # multiplies the (float32) variable gradients afterwards.
-        weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and not (
-            summed_loss)
-        weighted_loss = loss * weight
-        summed = optimizer.scale_loss(loss if summed_loss or weigh_after else weighted_loss)
+        weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
+            weights.weigh_after)
+        if weigh_after:
+            total = loss + sum(t * tf.math.divide_no_nan(e, weight) for t, e in extra)
+        else:
+            total = weights.scale * loss + sum(t * e for t, e in extra)
+        summed = optimizer.scale_loss(total)
     grads = tape.gradient(summed, variables)
     if weigh_after:
         grads = [_scaled_gradient(g, weight) for g in grads]
-    return MicroBatchResult(loss, grads, weight, samples, y_pred, weighted_loss)
+    return MicroBatchResult(loss, grads, weight, samples, y_pred, loss * weights.log_weight,
+                            weights.log_weight)

@@ -60,8 +60,11 @@ class AccumTrainer:
             as ``model.compile`` wraps it). Every micro-batch is weighted by what the loss
             divided it by: its samples, its sample-weight sum, or its valid elements under a
             Keras mask of the model's output or ``ignore_class``; a loss with
-            ``reduction="sum"`` is accumulated without division. Regularisation losses
-            (``model.losses``) are added, as in ``model.fit``.
+            ``reduction="sum"`` is accumulated without division. ``None``: the model's own
+            losses are the loss, as after ``model.compile(loss=None)``. The model's losses
+            (``model.losses``: ``add_loss`` terms, regularisers) are added, as in
+            ``model.fit``, each weighed by its form (a sum over samples, a mean, or a weight
+            regulariser counted once per update; Keras workflows page).
         accum_steps: K, micro-batches per update. Or give ``effective_batch_size`` and
             ``micro_batch_size`` (K = B / b).
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
@@ -110,14 +113,18 @@ class AccumTrainer:
             micro_batch_size=micro_batch_size,
         )
         self.model = model
-        self.loss = as_loss_fn(loss)
-        self._counted_loss = CountedLoss(self.loss)  # reports what it divides by
+        self.loss = None if loss is None else as_loss_fn(loss)
+        # reports what it divides by; None: the model's own losses are the loss
+        self._counted_loss = None if self.loss is None else CountedLoss(self.loss)
         self.state = AccumulationState(k, nonfinite=nonfinite)
         self.state.settings = settings.resolve(self.state.settings, end_of_epoch=end_of_epoch,
                                                normalizer=normalizer)
         self.state.flush_call = "`trainer.flush()`"
         # What the window rule weighs by: the normaliser matching the loss's reduction.
         self._weighting = resolve_normalizer(normalizer, loss)
+        # The loss differentiated, one object for every micro-batch (its identity keys the
+        # forms read once: accumcore._impl.denominators.read_forms).
+        self._loss_fn = self._loss_of
         self.jit_compile = bool(jit_compile)
         self.micro_batch_size = micro_batch_size
         self._reset_functions()
@@ -228,30 +235,42 @@ class AccumTrainer:
         return distribute.run_micro_step(self._strategy, self._micro_step, x, y, sample_weight)
 
     def _loss_of(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
-        """The micro-batch's mean loss (scalar, loss units): the counted loss (which records
-        what it divides by) plus ``model.losses``; the ``loss_of`` of
-        ``summed_loss_gradients``."""
+        """The micro-batch's loss (scalar, loss units): the counted loss (which records what
+        it divides by; none for ``loss=None``) plus ``model.losses``, each entry summed as
+        Keras sums them; the ``loss_of`` of ``summed_loss_gradients``."""
+        losses = self.model.losses
+        if self._counted_loss is None:
+            if not losses:
+                raise ValueError(
+                    "AccumTrainer was given `loss=None` but the model adds no losses of its "
+                    "own (`model.losses` is empty): pass `loss`, or `add_loss` in the model.")
+            return tf.add_n([tf.reduce_sum(tf.cast(v, tf.float32)) for v in losses]
+                            ) / replica_loss_factor()
         if y is None:
             raise ValueError(
                 "`dataset` yields no labels (y), but the loss needs them: make it yield "
                 "`(x, y)` or `(x, y, sample_weight)` tuples."
             )
         loss = self._counted_loss(y, y_pred, sample_weight)
-        if self.model.losses:
-            # Keras divides the loss (not model.losses) by the replicas in sync; so does this,
-            # as summed_loss_gradients multiplies the sum back (replica_loss_factor).
-            regularization = tf.add_n([tf.cast(v, loss.dtype) for v in self.model.losses])
+        if losses:
+            # Keras divides the loss by the replicas in sync; so does this, as
+            # summed_loss_gradients multiplies the sum back (replica_loss_factor). Each entry
+            # is summed (Keras's `_aggregate_additional_loss`): a per-sample `add_loss` is a
+            # vector.
+            regularization = tf.add_n([tf.reduce_sum(tf.cast(v, loss.dtype)) for v in losses])
             loss = loss + regularization / replica_loss_factor()
         return loss
 
     def _micro_step(self, x: Any, y: Any = None, sample_weight: Any = None) -> tuple:
         """One micro-batch on one replica: its gradient into the window, the window applied if
-        due. Returns ``(mean_loss, weight, applied)``, float32, float32 and bool scalars."""
-        out = summed_loss_gradients(self.model, self._loss_of, x, y, sample_weight,
-                                    normalizer=self._weighting, optimizer=self.optimizer)
+        due. Returns ``(loss, log weight, applied)``, float32, float32 and bool scalars (the
+        log weight is ``c_i`` for a mean loss: what the logged mean weighs it by)."""
+        out = summed_loss_gradients(self.model, self._loss_fn, x, y, sample_weight,
+                                    normalizer=self._weighting, optimizer=self.optimizer,
+                                    state=self.state)
         applied = rule.step(self.state, self.optimizer, self.model.trainable_variables,
                             out.grads, out.weight, out.samples)
-        return out.loss, out.weight, applied
+        return out.loss, out.log_weight, applied
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window.
@@ -327,12 +346,12 @@ class AccumTrainer:
             start = i * size
             xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
             out = summed_loss_gradients(
-                self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
-                optimizer=self.optimizer,
+                self.model, self._loss_fn, xi, yi, wi, normalizer=self._weighting,
+                optimizer=self.optimizer, state=self.state,
             )
             self.state.accumulate(out.grads, out.weight, out.samples, self.optimizer)
             total_loss += out.weighted_loss
-            total_weight += out.weight
+            total_weight += out.log_weight
         self.state.apply_window(self.optimizer)
         return tf.math.divide_no_nan(total_loss, total_weight)
 
