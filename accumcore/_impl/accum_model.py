@@ -31,8 +31,8 @@ from accumcore._impl.settings import Settings
 
 __all__ = ["AccumModel", "WindowFlushCallback"]
 
-#: The accumulation settings, as ``get_config`` and ``set_accumulation`` name them: every
-#: field of ``Settings``.
+#: The accumulation settings, as ``get_config`` and ``set_accumulation`` name them (every
+#: field of ``Settings``).
 CONFIG_KEYS = tuple(field.name for field in dataclasses.fields(Settings))
 #: Key under which ``get_compile_config()`` carries the accumulation settings.
 COMPILE_KEY = "accumcore_accumulation"

@@ -550,6 +550,94 @@ def _the_denominator(normalizer: str, known: Sequence[Denominator]) -> Denominat
     return record
 
 
+# ---------------------------------------------------------------------- the normaliser
+#: Keras loss reductions and the normaliser that makes a window exact for each (see
+#: :func:`resolve_normalizer`): every mean is weighted by what it divided by ("auto", read
+#: from the loss as it runs: ``accumcore._impl.denominators``); a summed loss is not divided.
+#: "mean" is Keras's alias of "sum_over_batch_size".
+REDUCTION_NORMALIZERS = {
+    "sum_over_batch_size": "auto",
+    "mean": "auto",
+    "mean_with_sample_weight": "auto",
+    "sum": "sum",
+}
+
+
+def loss_reductions(loss: Any) -> list[str | None] | None:
+    """The ``reduction`` of each Keras loss in ``loss`` (a loss, a name, a list or dict of them).
+
+    Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
+    accumcore's ``FunctionLoss`` wrapper: the function decides),
+    else one entry per loss (a name stands for a Keras loss with the default
+    ``"sum_over_batch_size"``).
+    """
+    if loss is None:
+        return None
+    reductions: list[str | None] = []
+    for leaf in tf.nest.flatten(uncounted(loss)):
+        if leaf is None:
+            continue
+        if isinstance(leaf, str):  # `compile` and `as_loss_fn` wrap names with the default
+            reductions.append("sum_over_batch_size")
+            continue
+        if isinstance(leaf, FunctionLoss) or not isinstance(leaf, keras.losses.Loss):
+            return None  # a function: it returns its own (mean) value
+        reductions.append(getattr(leaf, "reduction", "sum_over_batch_size"))
+    return reductions or None
+
+
+def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Callable:
+    """The normaliser that makes accumulation exact for ``loss``, checked against ``normalizer``.
+
+    Args:
+        normalizer: the user's choice: ``None`` or ``"auto"`` (the default: weigh every
+            micro-batch by what its loss divided by, read as the loss runs), ``"samples"``,
+            ``"sample_weight"`` (both checked against the loss's own denominator as it runs:
+            ``accumcore._impl.denominators.micro_batch_weight``), or a callable item count (always
+            kept, used as given).
+        loss: the loss (see :func:`loss_reductions`).
+
+    Returns:
+        ``"sum"`` for losses with ``reduction="sum"`` (no division: the loss is already a
+        sum), else ``normalizer`` (``"auto"`` for ``None``) or the callable.
+
+    Raises:
+        ValueError: for ``reduction=None``/``"none"`` (per-sample losses, not a scalar), for
+            summed and mean losses in one model, and for an explicit ``"sample_weight"``
+            with a loss that does not divide by the weight sum.
+    """
+    if callable(normalizer):
+        return normalizer
+    normalizer = normalizer or "auto"
+    reductions = loss_reductions(loss)
+    if reductions is None:
+        return normalizer
+    unsupported = [r for r in reductions if r not in REDUCTION_NORMALIZERS]
+    if unsupported:
+        raise ValueError(
+            f"The loss has reduction={unsupported[0]!r}: it returns one value per sample, and "
+            "accumcore needs a scalar. Use reduction='sum_over_batch_size' (the default), "
+            "'mean_with_sample_weight' or 'sum', which are exact under accumulation."
+        )
+    matching = {REDUCTION_NORMALIZERS[r] for r in reductions}
+    if len(matching) > 1:
+        raise ValueError(
+            f"The model's losses have reductions {sorted(set(reductions))}: a summed loss "
+            "(reduction='sum') is not divided and a mean is, so one window cannot be exact for "
+            "both. Give every output a mean reduction (e.g. the default 'sum_over_batch_size')."
+        )
+    if matching == {"sum"}:
+        return "sum"
+    if normalizer == "sample_weight" and "mean_with_sample_weight" not in reductions:
+        raise ValueError(
+            f"normalizer='sample_weight' does not match the loss's reduction "
+            f"{reductions[0]!r}, which divides by the number of loss elements (or not at all "
+            "for 'sum'): leave `normalizer` unset, or use "
+            "reduction='mean_with_sample_weight' for a loss normalised by the weight sum."
+        )
+    return normalizer
+
+
 # ---------------------------------------------------------------------- the form of a loss value
 class Form(NamedTuple):
     """How a loss value depends on the samples of its micro-batch, read from its graph
@@ -916,49 +1004,55 @@ def loss_weights(
     over samples beside a loss that divides by another count, and an entry that is neither a
     sum nor a mean over samples (``Form`` ``"unknown"``).
 
-    Args:
-        normalizer: the resolved normaliser (``"auto"``, ``"samples"``, ``"sample_weight"``,
-            ``"sum"`` or a callable; see :func:`micro_batch_weight`).
-        records: what the compiled losses reported (:func:`recording`).
-        forms: what :func:`read_forms` read for ``records`` and ``model.losses``.
-        x, y, sample_weight, y_pred, samples: the micro-batch (see
-            :func:`micro_batch_weight`).
-        first_in_window: ``() -> bool scalar``, whether no micro-batch is in the window yet.
-        accum_steps: K.
-        replicas: the replicas in sync (1 without a strategy).
-        owner: the model, for warning once.
+    ``normalizer``, ``records``, the micro-batch and ``owner`` are :func:`micro_batch_weight`'s;
+    ``forms``: what :func:`read_forms` read for ``records`` and ``model.losses``;
+    ``first_in_window() -> bool scalar``: no micro-batch is in the window yet; ``accum_steps``:
+    K; ``replicas``: the replicas in sync (1 without a strategy).
     """
     records = [Denominator(r.value, r.kind, r.key, r.name, f) if f is not None else r
                for r, f in zip(records, forms.records, strict=True)]
     samples_f = tf.cast(samples, tf.float32)
     terms = list(enumerate(forms.terms))
     kinds = {t.form.kind for _, t in terms} - {"once"}
-    k = float(accum_steps)
 
     def first() -> tf.Tensor:
         return tf.cast(first_in_window(), tf.float32) / replicas
 
     if normalizer == "sum":  # a compiled summed loss: the window is a sum, not divided
-        extra = []
-        for i, term in terms:
-            if term.form.kind == "once":
-                extra.append((i, first() - 1.0))
-            elif term.form.kind != "sum":
-                _warn_term(owner, term, "a sum (the compiled loss has reduction='sum')")
-                extra.append((i, tf.constant(1.0 / k - 1.0)))
+        extra = _sum_window_extra(terms, first(), float(accum_steps), owner,
+                                  "a sum (the compiled loss has reduction='sum')")
         return LossWeights(samples_f, tf.constant(1.0), extra, samples_f, False)
     if normalizer == "auto" and not records and "sum" in kinds and "mean" not in kinds:
         weight = first()  # W = 1: the window's terms are sums
-        extra = []
-        for i, term in terms:
-            if term.form.kind == "once":
-                extra.append((i, weight - 1.0))
-            elif term.form.kind == "unknown":
-                _warn_term(owner, term, "a sum (the other entries of model.losses are sums)")
-                extra.append((i, tf.constant(1.0 / k - 1.0)))
+        extra = _sum_window_extra(terms, weight, float(accum_steps), owner,
+                                  "a sum (the other entries of model.losses are sums)")
         return LossWeights(weight, tf.constant(1.0), extra, samples_f, False)
     weight, key = _weight_and_key(normalizer, records, x, y, sample_weight, y_pred, samples,
                                   owner)
+    extra = _mean_window_extra(terms, weight, key, float(accum_steps), owner)
+    return LossWeights(weight, weight, extra, weight, True)
+
+
+def _sum_window_extra(terms: Sequence, first: tf.Tensor, k: float, owner: Any,
+                      expected: str) -> list:
+    """The ``extra`` weights of a window that is a sum (``W = 1`` or undivided): an entry
+    without samples enters once per window (``first``: 1 for the window's first micro-batch,
+    else 0), one that is neither a sum nor once is warned and weighed ``1 / K``."""
+    extra = []
+    for i, term in terms:
+        if term.form.kind == "once":
+            extra.append((i, first - 1.0))
+        elif term.form.kind != "sum":
+            _warn_term(owner, term, expected)
+            extra.append((i, tf.constant(1.0 / k - 1.0)))
+    return extra
+
+
+def _mean_window_extra(terms: Sequence, weight: tf.Tensor, key: tuple, k: float,
+                       owner: Any) -> list:
+    """The ``extra`` weights of a window that is a mean (divided by ``W``): a sum over samples
+    is warned and weighed ``K c_i``; a mean over samples beside another denominator, or an
+    entry of unknown form, is warned and keeps ``c_i``."""
     extra = []
     for i, term in terms:
         if term.form.kind == "sum":
@@ -968,7 +1062,7 @@ def loss_weights(
             _warn_term(owner, term, f"the loss, which divides by {_key_words(key)}")
         elif term.form.kind == "unknown":
             _warn_term(owner, term, "a mean over the loss's denominator")
-    return LossWeights(weight, weight, extra, weight, True)
+    return extra
 
 
 def _key_words(key: tuple) -> str:

@@ -33,8 +33,8 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import compat, rule, settings
-from accumcore._impl.denominators import counted, uncounted
-from accumcore._impl.gradients import resolve_normalizer, summed_loss_gradients
+from accumcore._impl.denominators import counted, resolve_normalizer, uncounted
+from accumcore._impl.gradients import summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
 from accumcore._impl.nonfinite import NonFinitePolicy
 from accumcore._impl.settings import check_optimizer, warn_if_float16_without_loss_scaling

@@ -13,12 +13,10 @@ import keras
 import tensorflow as tf
 
 from accumcore._impl.denominators import (
-    FunctionLoss,
     loss_weights,
     read_forms,
     recording,
     resolve_loss,
-    uncounted,
 )
 
 
@@ -33,93 +31,6 @@ def first_leaf(x: Any) -> tf.Tensor:
 def batch_size_of(x: Any) -> tf.Tensor:
     """Number of samples in a micro-batch (int32 scalar; the leading dimension of ``x``)."""
     return tf.shape(first_leaf(x))[0]
-
-
-#: Keras loss reductions and the normaliser that makes a window exact for each (see
-#: :func:`resolve_normalizer`): every mean is weighted by what it divided by ("auto", read
-#: from the loss as it runs: ``accumcore._impl.denominators``); a summed loss is not divided.
-#: "mean" is Keras's alias of "sum_over_batch_size".
-REDUCTION_NORMALIZERS = {
-    "sum_over_batch_size": "auto",
-    "mean": "auto",
-    "mean_with_sample_weight": "auto",
-    "sum": "sum",
-}
-
-
-def loss_reductions(loss: Any) -> list[str | None] | None:
-    """The ``reduction`` of each Keras loss in ``loss`` (a loss, a name, a list or dict of them).
-
-    Returns ``None`` when accumcore cannot know how the loss normalises (a plain callable, or
-    accumcore's ``FunctionLoss`` wrapper: the function decides),
-    else one entry per loss (a name stands for a Keras loss with the default
-    ``"sum_over_batch_size"``).
-    """
-    if loss is None:
-        return None
-    reductions: list[str | None] = []
-    for leaf in tf.nest.flatten(uncounted(loss)):
-        if leaf is None:
-            continue
-        if isinstance(leaf, str):  # `compile` and `as_loss_fn` wrap names with the default
-            reductions.append("sum_over_batch_size")
-            continue
-        if isinstance(leaf, FunctionLoss) or not isinstance(leaf, keras.losses.Loss):
-            return None  # a function: it returns its own (mean) value
-        reductions.append(getattr(leaf, "reduction", "sum_over_batch_size"))
-    return reductions or None
-
-
-def resolve_normalizer(normalizer: str | Callable | None, loss: Any) -> str | Callable:
-    """The normaliser that makes accumulation exact for ``loss``, checked against ``normalizer``.
-
-    Args:
-        normalizer: the user's choice: ``None`` or ``"auto"`` (the default: weigh every
-            micro-batch by what its loss divided by, read as the loss runs), ``"samples"``,
-            ``"sample_weight"`` (both checked against the loss's own denominator as it runs:
-            ``accumcore._impl.denominators.micro_batch_weight``), or a callable item count (always
-            kept, used as given).
-        loss: the loss (see :func:`loss_reductions`).
-
-    Returns:
-        ``"sum"`` for losses with ``reduction="sum"`` (no division: the loss is already a
-        sum), else ``normalizer`` (``"auto"`` for ``None``) or the callable.
-
-    Raises:
-        ValueError: for ``reduction=None``/``"none"`` (per-sample losses, not a scalar), for
-            summed and mean losses in one model, and for an explicit ``"sample_weight"``
-            with a loss that does not divide by the weight sum.
-    """
-    if callable(normalizer):
-        return normalizer
-    normalizer = normalizer or "auto"
-    reductions = loss_reductions(loss)
-    if reductions is None:
-        return normalizer
-    unsupported = [r for r in reductions if r not in REDUCTION_NORMALIZERS]
-    if unsupported:
-        raise ValueError(
-            f"The loss has reduction={unsupported[0]!r}: it returns one value per sample, and "
-            "accumcore needs a scalar. Use reduction='sum_over_batch_size' (the default), "
-            "'mean_with_sample_weight' or 'sum', which are exact under accumulation."
-        )
-    matching = {REDUCTION_NORMALIZERS[r] for r in reductions}
-    if len(matching) > 1:
-        raise ValueError(
-            f"The model's losses have reductions {sorted(set(reductions))}: a summed loss "
-            "(reduction='sum') is not divided and a mean is, so one window cannot be exact for "
-            "both. Give every output a mean reduction (e.g. the default 'sum_over_batch_size')."
-        )
-    if matching == {"sum"}:
-        return "sum"
-    if normalizer == "sample_weight" and "mean_with_sample_weight" not in reductions:
-        raise ValueError(
-            f"normalizer='sample_weight' does not match the loss's reduction "
-            f"{reductions[0]!r}, which divides by the number of loss elements (or not at all "
-            "for 'sum'): leave `normalizer` unset, or use "
-            "reduction='mean_with_sample_weight' for a loss normalised by the weight sum."
-        )
-    return normalizer
 
 
 def replica_loss_factor() -> float:
@@ -169,11 +80,43 @@ def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
 
 def _loss_identity(model: keras.Model, loss_of: Callable) -> tuple:
     """What identifies ``loss_of`` across micro-batches (a ``functools.partial`` by its
-    function and arguments), with the model's compiled loss."""
+    function and arguments, a bound method by its function and object), with the model's
+    compiled loss."""
     func = getattr(loss_of, "func", None)
-    parts = (func, *map(id, getattr(loss_of, "args", ()))) if func is not None else (
-        id(loss_of),)
+    if func is not None:  # a partial
+        parts = (func, *map(id, getattr(loss_of, "args", ())))
+    elif hasattr(loss_of, "__self__"):  # a bound method: its function and its object
+        parts = (loss_of.__func__, id(loss_of.__self__))
+    else:
+        parts = (id(loss_of),)
     return (*parts, id(getattr(model, "loss", None)))
+
+
+def _weighed_loss(loss: tf.Tensor, terms: list, weights: Any, weigh_after: bool) -> tf.Tensor:
+    """What one micro-batch differentiates: its ``loss`` times ``weights.scale``, plus each
+    ``model.losses`` entry (``terms``) times its extra weight; with ``weigh_after`` the loss
+    as it is (``c_i`` multiplies the gradients after the backward pass)."""
+    extra = [(tf.reduce_sum(tf.cast(terms[i], tf.float32)), e) for i, e in weights.extra]
+    if weigh_after:
+        return loss + sum(t * tf.math.divide_no_nan(e, weights.weight) for t, e in extra)
+    return weights.scale * loss + sum(t * e for t, e in extra)
+
+
+def _weights(model: keras.Model, normalizer: str | Callable, denominators: list, forms: Any,
+             batch: tuple, y_pred: Any, samples: tf.Tensor, state: Any,
+             replicas: float) -> Any:
+    """``denominators.loss_weights`` for one micro-batch ``batch`` (``(x, y,
+    sample_weight)``) going to ``state`` (``None``: K = 1, the window empty); constants to the
+    tape (what could carry a gradient is stopped)."""
+    x, y, sample_weight = batch
+    if state is None:
+        first_in_window, accum_steps = (lambda: tf.constant(True)), 1
+    else:
+        first_in_window, accum_steps = (lambda: tf.equal(state.window_samples, 0)), (
+            state.accum_steps)
+    return loss_weights(normalizer, denominators, forms, x, y, sample_weight, y_pred, samples,
+                        first_in_window=first_in_window, accum_steps=accum_steps,
+                        replicas=replicas, owner=model)
 
 
 def summed_loss_gradients(
@@ -192,15 +135,11 @@ def summed_loss_gradients(
 
     Args:
         model: the Keras model (built).
-        loss_of: ``loss_of(x, y, y_pred, sample_weight)`` returning the micro-batch's loss as
-            Keras computes it (float scalar: the compiled loss, a mean or a sum, plus every
-            entry of ``model.losses``), e.g. ``model.compute_loss``. Its
-            ``CountedLoss`` es report what they divided by.
+        loss_of: ``loss_of(x, y, y_pred, sample_weight)``, the micro-batch's loss as Keras
+            computes it (float scalar: the compiled loss plus every entry of ``model.losses``),
+            e.g. ``model.compute_loss``; its ``CountedLoss`` es report what they divided by.
         x, y, sample_weight: one micro-batch.
-        normalizer: how to weigh the micro-batch (see
-            ``accumcore._impl.denominators.micro_batch_weight``): ``"auto"`` (what the loss divided
-            by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` for a summed loss
-            (its gradient is accumulated as it is).
+        normalizer: how to weigh it (``accumcore._impl.denominators.micro_batch_weight``).
         optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).
         state: the ``AccumulationState`` the micro-batch goes to (read for K and whether the
             window is empty); ``None``: K = 1, the window empty.
@@ -210,10 +149,8 @@ def summed_loss_gradients(
             the model's own): the loss is weighed as one.
 
     Returns:
-        A :class:`MicroBatchResult`: the gradients are those of ``weight * loss`` (times the
-        loss scale, if any) for ``model.trainable_variables``, with each ``model.losses``
-        entry that is a sum over samples, or has no samples, weighed to enter the window as
-        it enters the large batch.
+        A :class:`MicroBatchResult`: the gradients of ``weight * loss`` (times the loss scale),
+        each ``model.losses`` entry weighed to enter the window as it enters the large batch.
     """
     variables = model.trainable_variables
     samples = batch_size_of(x)
@@ -226,27 +163,17 @@ def summed_loss_gradients(
             forms = read_forms(model, loss_of, x, y, sample_weight, denominators, terms,
                                _loss_identity(model, loss_of))
         factor = replica_loss_factor()
-        # Constants to the tape (micro_batch_weight stops what could carry a gradient).
-        weights = loss_weights(
-            normalizer, denominators, forms, x, y, sample_weight, y_pred, samples,
-            first_in_window=(lambda: tf.equal(state.window_samples, 0)) if state is not None
-            else (lambda: tf.constant(True)),
-            accum_steps=state.accum_steps if state is not None else 1, replicas=factor,
-            owner=model)
+        weights = _weights(model, normalizer, denominators, forms, (x, y, sample_weight),
+                           y_pred, samples, state, factor)
         weight = weights.weight
         if factor != 1.0:
             loss = loss * factor
-        extra = [(tf.reduce_sum(tf.cast(terms[i], tf.float32)), e) for i, e in weights.extra]
         # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
         # float16 backward pass sees per-sample gradients of the usual size; the weight c_i
         # multiplies the (float32) variable gradients afterwards.
         weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
             weights.weigh_after)
-        if weigh_after:
-            total = loss + sum(t * tf.math.divide_no_nan(e, weight) for t, e in extra)
-        else:
-            total = weights.scale * loss + sum(t * e for t, e in extra)
-        summed = optimizer.scale_loss(total)
+        summed = optimizer.scale_loss(_weighed_loss(loss, terms, weights, weigh_after))
     grads = tape.gradient(summed, variables)
     if weigh_after:
         grads = [_scaled_gradient(g, weight) for g in grads]

@@ -125,7 +125,7 @@ class AccumulationState(tf.Module):
     @property
     def weighting(self) -> str | Callable:
         """What each micro-batch is weighed by, resolved from the loss
-        (``accumcore._impl.gradients.resolve_normalizer``): ``"auto"`` (what the loss divided
+        (``accumcore._impl.denominators.resolve_normalizer``): ``"auto"`` (what the loss divided
         by), ``"samples"``, ``"sample_weight"``, a callable, or ``"sum"`` (a summed loss: the
         window's sum is applied undivided)."""
         return self._weighting.value
@@ -143,7 +143,7 @@ class AccumulationState(tf.Module):
 
     @property
     def pieces(self) -> tuple:
-        """``(Window, Counters, Stop)``: the rule's view of a built state's variables
+        """The rule's view of a built state's variables, ``(Window, Counters, Stop)``
         (``accumcore._impl.rule``)."""
         return self._pieces_checked()
 

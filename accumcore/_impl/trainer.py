@@ -24,13 +24,12 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import datasets, distribute, epoch_loop, rule, settings
-from accumcore._impl.denominators import CountedLoss
+from accumcore._impl.denominators import CountedLoss, resolve_normalizer
 from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
 from accumcore._impl.gradients import (
     as_loss_fn,
     first_leaf,
     replica_loss_factor,
-    resolve_normalizer,
     summed_loss_gradients,
 )
 from accumcore._impl.nonfinite import NonFinitePolicy
@@ -76,7 +75,7 @@ class AccumTrainer:
             samples, sample-weight sum or valid elements; no division for ``"sum"``),
             ``"samples"`` or ``"sample_weight"`` (checked against that denominator: a masked
             loss refuses ``"samples"``), or a callable ``(x, y, sample_weight) -> item count``,
-            used as given; see ``accumcore._impl.gradients.resolve_normalizer`` and
+            used as given; see ``accumcore._impl.denominators.resolve_normalizer`` and
             ``accumcore._impl.denominators.micro_batch_weight``.
         jit_compile: compile the ``tf.function`` steps with XLA.
 
