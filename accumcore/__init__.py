@@ -20,16 +20,16 @@ __version__ = "0.1.0"
 def _check_tensorflow() -> None:
     """Raises ``ImportError`` naming the versions found and supported unless TF/Keras fit.
 
-    Supported: TensorFlow >= 2.19 with Keras >= 3.10 (Keras 3 on the TensorFlow backend). CI runs
-    TF 2.19.0 + Keras 3.10.0 (Colab's) and TF 2.21.0 + Keras 3.15.1; newer releases are not
-    refused. TF 2.16.2 + Keras 3.3.3 was tried and is not supported (the book's "Supported
-    versions" lists what differs there).
+    Supported: TensorFlow >= 2.19 with Keras >= 3.10 (Keras 3 on the TensorFlow backend), the
+    oldest stack CI runs; newer releases are not refused. The tested stacks are listed on the
+    book's "Supported versions" page (``book/reference/versions.md``), and TF 2.16-2.18 there
+    with why they are not supported.
     """
     import re
 
     supported = (
         "accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 on the TensorFlow backend "
-        "(tested: TF 2.19.0 + Keras 3.10.0, TF 2.21.0 + Keras 3.15.1)"
+        "(tested: TF 2.21.0 + Keras 3.15.1, TF 2.20.0 + Keras 3.13.2, TF 2.19.0 + Keras 3.10.0)"
     )
 
     def major_minor(version: str) -> tuple[int, int]:

@@ -31,6 +31,9 @@ apt-get when none is found and that is possible (root, apt-get present); otherwi
 fails with one line saying how to install one, or how to skip this one step locally
 (``ACCUMCORE_SKIP_BROWSER=1``, refused when ``CI=true``: CI never skips it).
 
+``--install-only`` does only that (no book needed): ``scripts/test.sh`` runs it in the background
+while the unit tests run, so that the book step does not wait for apt-get.
+
 Usage: ``python scripts/browser_check.py [--html _build/html] [--install-missing]
 [--screenshot out.png [--screenshot-page book/01_eager_loop]]``. Exit status 1 if any page
 fails.
@@ -170,12 +173,19 @@ def install_browser() -> bool:
     return True
 
 
-def make_driver(profile: str, install_missing: bool = False) -> webdriver.Chrome:
+def ensure_browser(install_missing: bool = False) -> tuple[str, str | None]:
+    """``find_browser()``; where it finds none, Debian's installed first (``install_missing``,
+    where possible), else the run ends with ``INSTALL_HINT``."""
     browser, driver_path = find_browser()
     if browser is None and install_missing and install_browser():
         browser, driver_path = find_browser()
     if browser is None:
         sys.exit(INSTALL_HINT)
+    return browser, driver_path
+
+
+def make_driver(profile: str, install_missing: bool = False) -> webdriver.Chrome:
+    browser, driver_path = ensure_browser(install_missing)
     options = webdriver.ChromeOptions()
     options.binary_location = browser
     for flag in FLAGS:
@@ -358,6 +368,10 @@ def main() -> int:
     parser.add_argument("--toc", type=Path, default=ROOT / "_toc.yml")
     parser.add_argument("--install-missing", action="store_true",
                         help="no browser found: install Debian's with apt-get if possible")
+    parser.add_argument("--install-only", action="store_true",
+                        help="only make sure a browser is there, installed as with "
+                             "--install-missing, and exit (scripts/test.sh runs this in the "
+                             "background while the unit tests run)")
     parser.add_argument("--screenshot", type=Path, help="save a screenshot of one page here")
     parser.add_argument("--screenshot-page", default=None,
                         help="docname to screenshot (default: the first notebook page)")
@@ -365,6 +379,10 @@ def main() -> int:
 
     if skip_requested():
         print("browser check: skipped (ACCUMCORE_SKIP_BROWSER is set; CI never skips it)")
+        return 0
+    if args.install_only:
+        browser, driver_path = ensure_browser(install_missing=True)
+        print(f"browser check: browser {browser}, driver {driver_path or '(Selenium Manager)'}")
         return 0
     if not (args.html / "index.html").is_file():
         sys.exit(f"browser_check: no built book in {args.html}: run jupyter-book build first")

@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Extra CI legs: accumcore on the other TensorFlow/Keras stacks it supports (called at the end of
-# scripts/test.sh, whose main leg runs the pinned newest stack of requirements.txt).
+# scripts/test.sh, whose main leg runs the pinned newest stack of requirements.txt). The stacks
+# and what runs on each are listed for readers in book/reference/versions.md
+# (tests/test_stacks.py checks that page, the README and `import accumcore` against LEGS below).
 #
-# Each leg has its own venv (.venv-tf219), created here on first use and reused while its pins
-# are unchanged. TF/Keras are installed first, pinned, with the test tools; then accumcore with
-# `--no-deps`, so that pip never replaces the TF/Keras under test (checked before testing).
+# Each leg has its own venv, created here on first use and reused while its pins are unchanged,
+# with two pip runs: TF/Keras pinned with the test tools (one resolver run), then keras-hub with
+# requirements-no-deps.txt's regex/tokenizers and accumcore itself, all `--no-deps`, so that pip
+# never replaces the TF/Keras under test (checked before testing).
 #
-#   colab  tensorflow-cpu 2.19.0 + keras 3.10.0: Colab's runtime and accumcore's declared
-#          minimum. The fast unit tests (pytest -m "not slow": all but the multi-process and
-#          soak tests) and every notebook in quick mode under nbval (--nbval-lax). With
-#          keras-hub 0.21.1 (the newest that allows Keras 3.10; 0.26+ needs 3.13), installed
-#          --no-deps with the rest of requirements-no-deps.txt (see there why).
+#   colab    tensorflow-cpu 2.20.0 + keras 3.13.2 + keras-hub 0.26.0: Colab's GPU runtime
+#            (googlecolab/backend-info pip-freeze.gpu.txt, read 2026-08-19; Python 3.13 there,
+#            3.11 here). The fast unit tests (pytest -m "not slow": all but the multi-process
+#            and soak tests) and every notebook in quick mode under nbval (--nbval-lax).
+#   minimum  tensorflow-cpu 2.19.0 + keras 3.10.0: the oldest stack `import accumcore` accepts.
+#            The fast unit tests. keras-hub 0.21.1, the newest that allows Keras 3.10.
 #
-# Usage: bash scripts/test-stacks.sh [colab]            (no argument: every leg)
-#        STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh   (create/refresh the venvs only)
+# Usage: bash scripts/test-stacks.sh [LEG...]              (no argument: every leg, in order)
+#        STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh   (create/refresh the venvs only, in
+#                                                          parallel: scripts/test.sh runs this
+#                                                          in the background)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -24,6 +30,12 @@ export TF_ENABLE_ONEDNN_OPTS="${TF_ENABLE_ONEDNN_OPTS:-0}"
 if [ -z "${ACCUMCORE_MNIST_PATH:-}" ] && [ -f "$ROOT/../shared/data/mnist.npz" ]; then
   export ACCUMCORE_MNIST_PATH="$ROOT/../shared/data/mnist.npz"
 fi
+
+# LEGS: name, venv, tensorflow-cpu, keras, keras-hub, what runs ("fast" or "fast+nbval").
+LEGS=(
+  "colab    .venv-colab   2.20.0 3.13.2 0.26.0 fast+nbval"
+  "minimum  .venv-minimum 2.19.0 3.10.0 0.21.1 fast"
+)
 
 # Test tools, same pins as requirements.txt (no book builder, no linter: not run on these legs).
 TOOLS=(
@@ -47,13 +59,17 @@ pip_in() {
 }
 
 # make_venv DIR TF KERAS HUB: the venv DIR with tensorflow-cpu==TF, keras==KERAS, TOOLS,
-# keras-hub==HUB (--no-deps, with requirements-no-deps.txt's other pins), accumcore.
+# keras-hub==HUB (--no-deps, with requirements-no-deps.txt's other pins), accumcore (editable).
 make_venv() {
-  local dir="$1" tf="$2" keras="$3" hub="$4"
+  local dir="$1" tf="$2" keras="$3" hub="$4" t
   local nodeps
   nodeps="keras-hub==$hub $(grep -E '^(regex|tokenizers)==' requirements-no-deps.txt | tr '\n' ' ')"
   local pins="tensorflow-cpu==$tf keras==$keras ${TOOLS[*]} $nodeps"
-  if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.accumcore-pins" 2>/dev/null)" = "$pins" ]; then
+  # accumcore's editable install holds this checkout's path and pyproject.toml's metadata
+  local stamp
+  stamp="$pins; pyproject.toml $(sha256sum pyproject.toml | cut -c1-16); $ROOT"
+  t=$(date +%s)
+  if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.accumcore-pins" 2>/dev/null)" = "$stamp" ]; then
     echo "$dir: up to date ($pins)"
   else
     echo "$dir: installing $pins"
@@ -61,12 +77,15 @@ make_venv() {
     "$PYTHON" -m venv "$dir"
     pip_in "$dir" "tensorflow-cpu==$tf" "keras==$keras" "${TOOLS[@]}"
     # shellcheck disable=SC2086  # $nodeps is a list of requirements
-    pip_in "$dir" --no-deps $nodeps
-    echo "$pins" > "$dir/.accumcore-pins"
+    pip_in "$dir" --no-deps $nodeps -e .
+    echo "$stamp" > "$dir/.accumcore-pins"
   fi
-  pip_in "$dir" --no-deps -e .
-  # The leg must test the stack it names: fail if pip (or anything) replaced TF or Keras.
-  "$dir/bin/python" - "$tf" "$keras" <<'EOF'
+  echo "$dir: venv ready in $(( $(date +%s) - t )) s"
+}
+
+# check_stack DIR TF KERAS HUB: fail unless the venv holds exactly the stack the leg names.
+check_stack() {
+  "$1/bin/python" - "$2" "$3" "$4" <<'EOF'
 import sys
 
 import keras
@@ -75,26 +94,27 @@ import tensorflow as tf
 
 import accumcore
 
-want = (sys.argv[1], sys.argv[2])
-found = (tf.__version__, keras.__version__)
+want = tuple(sys.argv[1:4])
+found = (tf.__version__, keras.__version__, keras_hub.__version__)
 if found != want:
-    sys.exit(f"stack mismatch: want TF {want[0]} + Keras {want[1]}, found {found}")
-print(f"stack: TensorFlow {found[0]} + Keras {found[1]}, keras-hub {keras_hub.__version__}, "
-      f"accumcore {accumcore.__version__}")
+    sys.exit(f"stack mismatch: want TF {want[0]} + Keras {want[1]} + keras-hub {want[2]}, "
+             f"found {found}")
+print(f"stack: TensorFlow {found[0]} + Keras {found[1]} + keras-hub {found[2]}, "
+      f"accumcore {accumcore.__version__}, Python {sys.version.split()[0]}")
 EOF
 }
 
-# run_leg NAME DIR TF KERAS HUB NOTEBOOKS(0/1)
+# run_leg NAME DIR TF KERAS HUB WHAT
 run_leg() {
-  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" notebooks="$6" t
+  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" what="$6" t
   t=$(date +%s)
-  echo "== stack leg '$name': tensorflow-cpu $tf + keras $keras ($dir)"
+  echo "== stack leg '$name': tensorflow-cpu $tf + keras $keras + keras-hub $hub ($dir): $what"
   make_venv "$dir" "$tf" "$keras" "$hub"
-  [ "${STACKS_SETUP_ONLY:-0}" = 1 ] && return 0
+  check_stack "$dir" "$tf" "$keras" "$hub"
   echo "== [$name] pytest -m 'not slow' (fast unit tests)"
   PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
     -m "not slow" -n 2
-  if [ "$notebooks" = 1 ]; then
+  if [ "$what" = fast+nbval ]; then
     echo "== [$name] nbval over book/ (ACCUMCORE_QUICK=$ACCUMCORE_QUICK)"
     # --nbval-current-env: the notebooks' kernel is this venv's Python, not the main .venv's.
     PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest --nbval-lax --nbval-current-env \
@@ -103,11 +123,37 @@ run_leg() {
   echo "== stack leg '$name' passed in $(( $(date +%s) - t )) s"
 }
 
-legs=("$@")
-[ ${#legs[@]} -eq 0 ] && legs=(colab)
-for leg in "${legs[@]}"; do
-  case "$leg" in
-    colab) run_leg colab .venv-tf219 2.19.0 3.10.0 0.21.1 1 ;;
-    *) echo "unknown leg '$leg' (use: colab)" >&2; exit 2 ;;
-  esac
+names=()
+for leg in "${LEGS[@]}"; do
+  read -r name _ <<< "$leg"
+  names+=("$name")
+done
+wanted=("$@")
+[ ${#wanted[@]} -eq 0 ] && wanted=("${names[@]}")
+selected=()
+for want in "${wanted[@]}"; do
+  found=""
+  for leg in "${LEGS[@]}"; do
+    read -r name _ <<< "$leg"
+    [ "$name" = "$want" ] && found="$leg"
+  done
+  [ -n "$found" ] || { echo "unknown leg '$want' (use: ${names[*]})" >&2; exit 2; }
+  selected+=("$found")
+done
+
+if [ "${STACKS_SETUP_ONLY:-0}" = 1 ]; then
+  # Every venv at once: pip is mostly one process unpacking and compiling, so two fill 2 cores.
+  pids=()
+  for leg in "${selected[@]}"; do
+    read -r name dir tf keras hub _ <<< "$leg"
+    (make_venv "$dir" "$tf" "$keras" "$hub" 2>&1 | sed "s/^/[$name] /") &
+    pids+=($!)
+  done
+  rc=0
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  exit "$rc"
+fi
+for leg in "${selected[@]}"; do
+  # shellcheck disable=SC2086  # the leg's fields
+  run_leg $leg
 done
