@@ -1,9 +1,9 @@
 """Every difference between the Keras 3 versions accumcore supports, in one place.
 
-accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 (CI runs TF 2.19.0 + Keras 3.10.0, as
-on Colab, and TF 2.21.0 + Keras 3.15.1; the book's "Supported versions" page,
-``book/reference/versions.md``). Where the Keras versions differ, the library calls the
-helpers below instead of Keras directly. Each helper
+accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 (CI runs the minimum, TF 2.19.0 + Keras
+3.10.0, Colab's TF 2.20.0 + Keras 3.13.2, and TF 2.21.0 + Keras 3.15.1; the book's "Supported
+versions" page, ``book/reference/versions.md``). Where the Keras versions differ, the library
+calls the helpers below instead of Keras directly. Each helper
 names the versions it bridges and detects the feature (``inspect.signature``, ``getattr``)
 rather than testing version numbers, so that a Keras release in between, or a user's override,
 takes the right branch.
@@ -36,7 +36,7 @@ def functional_model_class() -> type:
 
     Version difference: accumcore <= 0.1.0 built ``keras.Model(x, x)``, an identity model whose
     output is its input, at import. Keras 3.3 and 3.14+ accept it; Keras 3.10-3.13 reject it
-    ("`inputs` not connected to `outputs`"), so ``import accumcore`` failed on Colab (Keras 3.10).
+    ("`inputs` not connected to `outputs`"), so ``import accumcore`` failed on Keras 3.10-3.13.
     The probe's output is a new tensor (an ``Identity`` layer's), which every version accepts.
 
     Returns:
@@ -113,8 +113,9 @@ def batchnorm_renorm(layer: keras.layers.BatchNormalization) -> bool:
     """Whether a BatchNormalization layer uses batch renormalisation (``renorm=True``).
 
     Version difference: ``keras.layers.BatchNormalization`` gained ``renorm`` (and its
-    ``renorm`` attribute) in Keras 3.14; in Keras 3.0-3.13 (3.10 is Colab's) the layer has no
-    such argument, so it never renormalises (Keras itself rejects ``renorm=`` there).
+    ``renorm`` attribute) in Keras 3.14; in Keras 3.0-3.13 (Colab's 3.13.2 and the minimum 3.10
+    among them) the layer has no such argument, so it never renormalises (Keras itself rejects
+    ``renorm=`` there).
     """
     return bool(getattr(layer, "renorm", False))
 
