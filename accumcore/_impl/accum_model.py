@@ -215,7 +215,7 @@ class AccumModel(keras.Model):
             functional.__init__(self, *args, **kwargs)
         else:
             super().__init__(*args, **kwargs)
-        # The state holds K and the non-finite policy, FitSettings the rest.
+        # The state holds every setting (accumcore._impl.settings.Settings).
         fitting.attach(self, dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
                                   nonfinite=nonfinite, normalizer=normalizer))
 
