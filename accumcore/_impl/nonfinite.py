@@ -74,7 +74,7 @@ class NonFinitePolicy:
     """What a non-finite gradient does: one object with the whole behaviour, which the window
     rule asks (``accumcore._impl.rule.plan``) and nothing else branches on.
 
-    The three built-in policies are instances of this class (:data:`POLICIES`, by name); a
+    The three built-in policies are instances of this class (``POLICIES``, by name); a
     policy of your own is one instance (``NonFinitePolicy("mine", should_skip=f)``) or one
     subclass overriding the methods below.
 

@@ -335,7 +335,7 @@ class AccumulationState(tf.Module):
                 distributed: bool = False) -> bool:
         """Ready the state for training ``model`` (inside ``strategy.scope()`` under a
         strategy): build the accumulators for ``model.trainable_variables`` (or follow a
-        changed set: :meth:`build`), set :attr:`weighting` (``None``: unchanged) and attach
+        changed set: :meth:`build`), set ``weighting`` (``None``: unchanged) and attach
         ``model``'s window-level BatchNorm layers. Every entry point calls this before
         training.
 

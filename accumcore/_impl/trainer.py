@@ -158,17 +158,17 @@ class AccumTrainer:
 
     @property
     def accum_steps(self) -> int:
-        """K, micro-batches per optimizer update (held by :attr:`state`)."""
+        """K, micro-batches per optimizer update (held by ``state``)."""
         return self.state.accum_steps
 
     @property
     def end_of_epoch(self) -> str:
-        """What a partial window does at the end of an epoch (held by :attr:`state`)."""
+        """What a partial window does at the end of an epoch (held by ``state``)."""
         return self.state.settings.end_of_epoch
 
     @property
     def normalizer(self) -> str | Callable:
-        """How each micro-batch is weighed, as given (held by :attr:`state`)."""
+        """How each micro-batch is weighed, as given (held by ``state``)."""
         return self.state.settings.normalizer
 
     # ------------------------------------------------------------------ building
