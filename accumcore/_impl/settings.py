@@ -114,8 +114,9 @@ def split_batch(batch_size: int, max_micro_batch: int, *, exact: bool = True) ->
     :func:`resolve_accum_steps` and ``accumcore.memory.accum_steps_for``.
 
     Args:
-        batch_size: B, samples per optimizer update (checked positive int).
-        max_micro_batch: the largest micro-batch b allowed (samples; checked positive int).
+        batch_size: B, samples per optimizer update (a positive int, checked by the caller).
+        max_micro_batch: the largest micro-batch b allowed (samples; a positive int, checked
+            by the caller).
         exact: ``True``: K is the smallest divisor of B with B / K <= ``max_micro_batch`` and
             b = B / K, so every update sees exactly B samples; ``False``: K = ceil(B / b_max)
             and b = ceil(B / K) (K * b may exceed B by up to K - 1 samples).
@@ -178,7 +179,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "accum_steps": check_accum_steps,
     "end_of_epoch": lambda value: check_choice(value, "end_of_epoch", END_OF_EPOCH_POLICIES),
     "nonfinite": nonfinite_policy,
-    "normalizer": lambda value: check_normalizer(value),
+    "normalizer": check_normalizer,
 }
 
 

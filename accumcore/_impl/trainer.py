@@ -121,9 +121,6 @@ class AccumTrainer:
         self.state.flush_call = "`trainer.flush()`"
         # What the window rule weighs by: the normaliser matching the loss's reduction.
         self._weighting = resolve_normalizer(normalizer, loss)
-        # The loss differentiated, one object for every micro-batch (its identity keys the
-        # forms read once: accumcore._impl.denominators.read_forms).
-        self._loss_fn = self._loss_of
         self.jit_compile = bool(jit_compile)
         self.micro_batch_size = micro_batch_size
         self._reset_functions()
@@ -264,7 +261,7 @@ class AccumTrainer:
         """One micro-batch on one replica: its gradient into the window, the window applied if
         due. Returns ``(loss, log weight, applied)``, float32, float32 and bool scalars (the
         log weight is ``c_i`` for a mean loss: what the logged mean weighs it by)."""
-        out = summed_loss_gradients(self.model, self._loss_fn, x, y, sample_weight,
+        out = summed_loss_gradients(self.model, self._loss_of, x, y, sample_weight,
                                     normalizer=self._weighting, optimizer=self.optimizer,
                                     state=self.state)
         applied = rule.step(self.state, self.optimizer, self.model.trainable_variables,
@@ -345,7 +342,7 @@ class AccumTrainer:
             start = i * size
             xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
             out = summed_loss_gradients(
-                self.model, self._loss_fn, xi, yi, wi, normalizer=self._weighting,
+                self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
                 optimizer=self.optimizer, state=self.state,
             )
             self.state.accumulate(out.grads, out.weight, out.samples, self.optimizer)
