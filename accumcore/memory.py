@@ -62,12 +62,14 @@ def largest_fitting(
     limit: int | None = None,
     multiple_of: int = 1,
     probes: list[tuple[int, bool]] | None = None,
+    descending: bool = False,
 ) -> int:
     """The largest micro-batch size b in ``[start, limit]`` with ``fits(b)`` true.
 
     Doubles from ``start`` while ``fits`` holds, then bisects between the last size that fitted
-    and the first that did not. Only multiples of ``multiple_of`` are probed (``start`` and
-    ``limit`` are rounded to them: ``start`` up, ``limit`` down).
+    and the first that did not; with ``descending=True`` (and a ``limit``) it halves from
+    ``limit`` while ``fits`` fails, then bisects up (one probe when ``limit`` fits). Only
+    multiples of ``multiple_of`` are probed (``start`` rounded up, ``limit`` down).
 
     Args:
         fits: predicate ``fits(b) -> bool``, True when a training step with micro-batch b
@@ -79,6 +81,7 @@ def largest_fitting(
             no limit (doubling then stops only at the first failure).
         multiple_of: probe only multiples of this many samples (>= 1).
         probes: optional list that receives every ``(b, fitted)`` pair, in order.
+        descending: search down from ``limit`` (see above).
 
     Returns:
         The largest b that fitted.
@@ -97,6 +100,8 @@ def largest_fitting(
         seen.append((b, ok))
         return ok
 
+    if descending and limit is not None:
+        return _descend(probe, start, limit, step)
     if not probe(start):
         raise ValueError(
             f"Even the smallest micro-batch probed (start={start} samples) does not fit in device "
@@ -110,6 +115,22 @@ def largest_fitting(
             return _bisect(probe, good, nxt, step)
         good = nxt
     return good  # reached the limit
+
+
+def _descend(probe: Callable[[int], bool], start: int, limit: int, step: int) -> int:
+    """``largest_fitting`` from the top: ``limit``, then halves (multiples of ``step``, not
+    below ``start``) until one fits, then bisection between it and the last that did not."""
+    bad = None
+    size = limit
+    while not probe(size):
+        if size <= start:
+            raise ValueError(
+                f"Even the smallest micro-batch probed (start={start} samples) does not fit in "
+                "device memory: reduce the model or input size, or use a device with more "
+                "memory.")
+        bad = size
+        size = max(start, (size // 2 // step) * step)
+    return size if bad is None else _bisect(probe, size, bad, step)
 
 
 def _rounded_range(start: int, limit: int | None, step: int) -> tuple[int, int | None]:

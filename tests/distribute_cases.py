@@ -272,31 +272,38 @@ def accumulate_models() -> dict:
     """``accumulate`` on models built in the strategy's scope, graph mode: an MLP and a masked
     Embedding model (compiled, then accumulated) against one large batch on ONE device, and
     a tiny KerasHub causal LM (int32 padding mask: plain ``fit`` refuses a bool one under
-    MirroredStrategy) against plain ``train_on_batch`` of each window on one device."""
+    MirroredStrategy) against plain ``train_on_batch`` of each window on one device.
+
+    Each model twice: ``accum_steps=K`` (``fit`` batches of b, K per update) and
+    ``micro_batch_size`` (``fit`` batches of K * b, each replica splitting its share inside
+    the step: 12 samples are 6 per replica, cut 4 + 2; the last 3 samples 2 + 1)."""
     out: dict = {}
     x, y = make_data(39)
     micro, k = 6, 2
+    ways = {"": (dict(accum_steps=k), micro), "_split": (dict(micro_batch_size=4), micro * k)}
     initial, ref = reference_weights(adam, x, y, None, micro, k)
-    with mirrored().scope():
-        model = small_mlp()
-        model.compile(adam(), LOSS)
-    ac.accumulate(model, accum_steps=k)
-    model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
-    out["mlp"] = {"rel": relative_error(get_weights(model), ref, initial),
-                  "counters": model.accumulation.counters()}
+    for suffix, (how, batch) in ways.items():
+        with mirrored().scope():
+            model = small_mlp()
+            model.compile(adam(), LOSS)
+        ac.accumulate(model, **how)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        out["mlp" + suffix] = {"rel": relative_error(get_weights(model), ref, initial),
+                               "counters": model.accumulation.counters()}
     xs, ys = seq_data(42, seed=11)
     sgd = lambda: keras.optimizers.SGD(0.5)  # noqa: E731
     initial, ref = reference_weights(sgd, xs, ys, None, micro, k, loss=token_loss(),
                                      make_model=seq_model)
-    with mirrored().scope():
-        model = ac.accumulate(seq_model(), accum_steps=k)
-        model.compile(sgd(), token_loss())
-    model.fit(xs, ys, batch_size=micro, epochs=1, shuffle=False, verbose=0)
-    out["embedding"] = {"rel": relative_error(get_weights(model), ref, initial)}
+    for suffix, (how, batch) in ways.items():
+        with mirrored().scope():
+            model = ac.accumulate(seq_model(), **how)
+            model.compile(sgd(), token_loss())
+        model.fit(xs, ys, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        out["embedding" + suffix] = {"rel": relative_error(get_weights(model), ref, initial)}
     try:
         import test_keras_hub as hub
     except ImportError as err:  # keras-hub missing: the test that reads this fails
-        out["causal_lm"] = {"error": str(err)}
+        out["causal_lm"] = out["causal_lm_split"] = {"error": str(err)}
         return out
     make_opt = hub.schedule_adam
     lx, ly, lsw = hub.lm_data(mask_dtype="int32")
@@ -307,13 +314,16 @@ def accumulate_models() -> dict:
         lm.train_on_batch({key: value[s] for key, value in lx.items()}, ly[s],
                           sample_weight=lsw[s])
     ref = get_weights(lm)
-    with mirrored().scope():
-        lm = ac.accumulate(hub.tiny_lm(), accum_steps=hub.K)
-        lm.compile(optimizer=make_opt())
-    lm.fit(lx, ly, sample_weight=lsw, batch_size=hub.MICRO, epochs=1, shuffle=False,
-           verbose=0)
-    out["causal_lm"] = {"rel": relative_error(get_weights(lm), ref, initial),
-                        "iterations": int(lm.optimizer.iterations.numpy())}
+    lm_ways = {"": (dict(accum_steps=hub.K), hub.MICRO),
+               "_split": (dict(micro_batch_size=max(1, hub.MICRO // 2)), hub.MICRO * hub.K)}
+    for suffix, (how, batch) in lm_ways.items():
+        with mirrored().scope():
+            lm = ac.accumulate(hub.tiny_lm(), **how)
+            lm.compile(optimizer=make_opt())
+        lm.fit(lx, ly, sample_weight=lsw, batch_size=batch, epochs=1, shuffle=False,
+               verbose=0)
+        out["causal_lm" + suffix] = {"rel": relative_error(get_weights(lm), ref, initial),
+                                     "iterations": int(lm.optimizer.iterations.numpy())}
     return out
 
 

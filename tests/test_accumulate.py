@@ -34,6 +34,13 @@ import accumcore as ac
 from accumcore.lab.experiments import get_weights, relative_error
 
 MICRO, K = 8, 2  # 40 samples: windows of 16, 16 and a partial 8 (end_of_epoch="apply")
+#: The two ways to make up an update (``accumulate``'s ``accum_steps`` or ``micro_batch_size``):
+#: the settings and fit's ``batch_size``. Both make the same windows of 16 samples: K = 2
+#: micro-batches of 8, or batches of 16 split inside the step into 6 + 6 + 4 (ragged), the
+#: last batch of 8 into 6 + 2.
+SPLIT = 6
+WAYS = {"accum_steps": (dict(accum_steps=K), MICRO),
+        "micro_batch_size": (dict(micro_batch_size=SPLIT), MICRO * K)}
 
 
 def _sequential(seed: int = 0) -> keras.Model:
@@ -72,27 +79,31 @@ MODELS = {"functional": small_mlp, "sequential": _sequential, "subclassed": _sub
 
 
 def _train(make_model, make_opt, x, y, *, order: str, epochs: int = 1, sw=None,
-           loss=LOSS, **settings) -> keras.Model:
+           loss=LOSS, way: str = "accum_steps", jit_compile: bool = False,
+           **settings) -> keras.Model:
+    how, batch_size = WAYS[way]
     model = make_model()
     if order == "before_compile":
-        ac.accumulate(model, accum_steps=K, **settings)
-        model.compile(make_opt(), loss)
+        ac.accumulate(model, **how, **settings)
+        model.compile(make_opt(), loss, jit_compile=jit_compile)
     else:
-        model.compile(make_opt(), loss)
-        ac.accumulate(model, accum_steps=K, **settings)
-    model.fit(x, y, sample_weight=sw, batch_size=MICRO, epochs=epochs, shuffle=False, verbose=0)
+        model.compile(make_opt(), loss, jit_compile=jit_compile)
+        ac.accumulate(model, **how, **settings)
+    model.fit(x, y, sample_weight=sw, batch_size=batch_size, epochs=epochs, shuffle=False,
+              verbose=0)
     return model
 
 
+@pytest.mark.parametrize("way", sorted(WAYS))
 @pytest.mark.parametrize("order", ["before_compile", "after_compile"])
 @pytest.mark.parametrize("kind", sorted(MODELS))
-def test_every_model_kind_matches_the_large_batch(data, kind, order):
+def test_every_model_kind_matches_the_large_batch(data, kind, order, way):
     x, y = data
     make_model = MODELS[kind]
     adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
     initial, ref = reference_weights(adam, x, y, None, MICRO, K, make_model=_subclassed
                                      if kind == "subclassed_unbuilt" else make_model)
-    model = _train(make_model, adam, x, y, order=order)
+    model = _train(make_model, adam, x, y, order=order, way=way)
     assert type(model) is type(make_model())  # the class is kept
     assert_matches_reference(model, initial, ref)
     assert int(model.optimizer.iterations.numpy()) == 3  # 2 full windows + the partial one
@@ -118,12 +129,13 @@ SCHEDULED = {
 }
 
 
+@pytest.mark.parametrize("way", sorted(WAYS))
 @pytest.mark.parametrize("name", sorted(SCHEDULED))
-def test_schedules_and_ema_advance_once_per_update(data, name):
+def test_schedules_and_ema_advance_once_per_update(data, name, way):
     x, y = data
     make_opt = SCHEDULED[name]
     initial, ref = reference_weights(make_opt, x, y, None, MICRO, K, epochs=2)
-    model = _train(small_mlp, make_opt, x, y, order="after_compile", epochs=2)
+    model = _train(small_mlp, make_opt, x, y, order="after_compile", epochs=2, way=way)
     assert int(model.optimizer.iterations.numpy()) == 6  # 3 updates per epoch
     assert_matches_reference(model, initial, ref)
 
@@ -146,11 +158,12 @@ def test_keras_own_accumulation_is_measurably_wrong_with_a_schedule(data):
     assert relative_error(get_weights(model), ref, initial) > 100 * REL_TOL
 
 
-def test_masked_tokens_weigh_each_micro_batch_by_its_valid_tokens():
+@pytest.mark.parametrize("way", sorted(WAYS))
+def test_masked_tokens_weigh_each_micro_batch_by_its_valid_tokens(way):
     x, y = seq_data(40, seed=3)
     adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
     initial, ref = dense_reference(seq_model, adam, token_loss(), x, y, None, MICRO, K)
-    model = _train(seq_model, adam, x, y, order="after_compile", loss=token_loss())
+    model = _train(seq_model, adam, x, y, order="after_compile", loss=token_loss(), way=way)
     assert type(model) is keras.Model or isinstance(model, keras.Model)
     assert_matches_reference(model, initial, ref)
 

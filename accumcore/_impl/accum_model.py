@@ -157,9 +157,10 @@ class AccumModel(keras.Model):
         *args: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
         **kwargs: as for ``keras.Model`` (e.g. ``name``).
         accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
-            is the micro-batch size b; the effective batch is K * b). Required: without it,
-            ``fit`` / ``train_on_batch`` raise ``ValueError`` (pass ``accum_steps=1`` for no
-            accumulation). Construction itself does not raise, because Keras builds
+            is the micro-batch size b; the effective batch is K * b). This or
+            ``micro_batch_size`` is required: without either, ``fit`` / ``train_on_batch``
+            raise ``ValueError`` (pass ``accum_steps=1`` for no accumulation). Construction
+            itself does not raise, because Keras builds
             AccumModels without it and passes the settings afterwards
             (``keras.models.clone_model`` through the compile config, ``load_model`` through
             ``from_config``); ``set_accumulation(accum_steps=K)`` sets it too.
@@ -171,6 +172,10 @@ class AccumModel(keras.Model):
             Keras mask or ``ignore_class``), ``"samples"`` / ``"sample_weight"`` (checked
             against that denominator), or a callable ``(x, y, sample_weight) -> item count``,
             used as given.
+        micro_batch_size: b: ``fit(batch_size=B)`` then makes one update per batch of B,
+            split into micro-batches of at most b samples inside the train step; ``"auto"``:
+            the largest b that fits (see :func:`~accumcore.accumulate`). Not with
+            ``accum_steps``.
 
     Any other keyword raises ``TypeError`` naming it and the valid ones (a functional
     ``keras.Model`` silently ignores unknown keywords, so ``accumulation_steps=4`` would train
@@ -204,6 +209,7 @@ class AccumModel(keras.Model):
         end_of_epoch: str = "apply",
         nonfinite: str | NonFinitePolicy = "raise",
         normalizer: str | Callable = "auto",
+        micro_batch_size: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         functional = compat.functional_model_class()
@@ -217,7 +223,8 @@ class AccumModel(keras.Model):
             super().__init__(*args, **kwargs)
         # The state holds every setting (accumcore._impl.settings.Settings).
         fitting.attach(self, dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
-                                  nonfinite=nonfinite, normalizer=normalizer))
+                                  nonfinite=nonfinite, normalizer=normalizer,
+                                  micro_batch_size=micro_batch_size))
 
     # ------------------------------------------------------------------ config
     @property
@@ -225,6 +232,12 @@ class AccumModel(keras.Model):
         """K, micro-batches per optimizer update (held by :attr:`accumulation`); ``None``
         until given."""
         return self.accumulation.accum_steps
+
+    @property
+    def micro_batch_size(self) -> int | str | None:
+        """b, samples per micro-batch inside each train step (held by :attr:`accumulation`:
+        for ``"auto"`` the size found); ``None``: ``accum_steps`` counts micro-batches."""
+        return self.accumulation.micro_batch_size
 
     @property
     def nonfinite(self) -> str | NonFinitePolicy:
@@ -283,10 +296,13 @@ class AccumModel(keras.Model):
         end_of_epoch: str | None = None,
         nonfinite: str | NonFinitePolicy | None = None,
         normalizer: str | Callable | None = None,
+        micro_batch_size: int | str | None = None,
     ) -> None:
-        """Change accumulation settings between ``fit`` calls (the window must be empty)."""
+        """Change accumulation settings between ``fit`` calls (the window must be empty);
+        ``accum_steps`` and ``micro_batch_size`` replace each other."""
         fitting.set_accumulation(self, dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch,
-                                            nonfinite=nonfinite, normalizer=normalizer))
+                                            nonfinite=nonfinite, normalizer=normalizer,
+                                            micro_batch_size=micro_batch_size))
 
     # ------------------------------------------------------------------ training
     def build_accumulation(self) -> None:

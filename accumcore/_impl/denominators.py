@@ -978,7 +978,7 @@ class LossWeights(NamedTuple):
 def loss_weights(
     normalizer: str | Callable, records: Sequence[Denominator], forms: Forms, x: Any, y: Any,
     sample_weight: Any, y_pred: Any, samples: tf.Tensor, *, first_in_window: Callable,
-    accum_steps: int, replicas: float = 1.0, owner: Any = None,
+    accum_steps: int | tf.Tensor, replicas: float = 1.0, owner: Any = None,
 ) -> LossWeights:
     """Each part of one micro-batch's loss weighed so that the window equals the large batch.
 
@@ -1019,21 +1019,21 @@ def loss_weights(
         return tf.cast(first_in_window(), tf.float32) / replicas
 
     if normalizer == "sum":  # a compiled summed loss: the window is a sum, not divided
-        extra = _sum_window_extra(terms, first(), float(accum_steps), owner,
+        extra = _sum_window_extra(terms, first(), tf.cast(accum_steps, tf.float32), owner,
                                   "a sum (the compiled loss has reduction='sum')")
         return LossWeights(samples_f, tf.constant(1.0), extra, samples_f, False)
     if normalizer == "auto" and not records and "sum" in kinds and "mean" not in kinds:
         weight = first()  # W = 1: the window's terms are sums
-        extra = _sum_window_extra(terms, weight, float(accum_steps), owner,
+        extra = _sum_window_extra(terms, weight, tf.cast(accum_steps, tf.float32), owner,
                                   "a sum (the other entries of model.losses are sums)")
         return LossWeights(weight, tf.constant(1.0), extra, samples_f, False)
     weight, key = _weight_and_key(normalizer, records, x, y, sample_weight, y_pred, samples,
                                   owner)
-    extra = _mean_window_extra(terms, weight, key, float(accum_steps), owner)
+    extra = _mean_window_extra(terms, weight, key, tf.cast(accum_steps, tf.float32), owner)
     return LossWeights(weight, weight, extra, weight, True)
 
 
-def _sum_window_extra(terms: Sequence, first: tf.Tensor, k: float, owner: Any,
+def _sum_window_extra(terms: Sequence, first: tf.Tensor, k: tf.Tensor, owner: Any,
                       expected: str) -> list:
     """The ``extra`` weights of a window that is a sum (``W = 1`` or undivided): an entry
     without samples enters once per window (``first``: 1 for the window's first micro-batch,
@@ -1044,11 +1044,11 @@ def _sum_window_extra(terms: Sequence, first: tf.Tensor, k: float, owner: Any,
             extra.append((i, first - 1.0))
         elif term.form.kind != "sum":
             _warn_term(owner, term, expected)
-            extra.append((i, tf.constant(1.0 / k - 1.0)))
+            extra.append((i, 1.0 / k - 1.0))
     return extra
 
 
-def _mean_window_extra(terms: Sequence, weight: tf.Tensor, key: tuple, k: float,
+def _mean_window_extra(terms: Sequence, weight: tf.Tensor, key: tuple, k: tf.Tensor,
                        owner: Any) -> list:
     """The ``extra`` weights of a window that is a mean (divided by ``W``): a sum over samples
     is warned and weighed ``K c_i``; a mean over samples beside another denominator, or an

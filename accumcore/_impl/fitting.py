@@ -33,11 +33,12 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import compat, rule, settings
+from accumcore._impl.auto_micro_batch import OUT_OF_MEMORY, retrying_train_function
 from accumcore._impl.denominators import counted, resolve_normalizer, uncounted
-from accumcore._impl.gradients import summed_loss_gradients
+from accumcore._impl.gradients import first_leaf, summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
 from accumcore._impl.nonfinite import NonFinitePolicy
-from accumcore._impl.settings import check_optimizer, warn_if_float16_without_loss_scaling
+from accumcore._impl.settings import AUTO, check_optimizer, warn_if_float16_without_loss_scaling
 from accumcore._impl.state import AccumulationState, saved_micro_step
 
 #: The call that applies a pending window of a model trained by ``fit`` (an ``AccumModel`` or
@@ -405,7 +406,18 @@ def make_train_function(model: keras.Model, base: Callable, force: bool = False)
     if not needs_build(model) and check_trainable(model):
         prepare_model(model)
         build_optimizer(model)
-    return base(force)
+    if model.accumulation.settings.micro_batch_size != AUTO:
+        return base(force)
+    if force or getattr(model, "train_function", None) is None:
+        retrying = None
+
+        def make() -> Callable:  # Keras's train function for the b found, ours kept in place
+            base(True)
+            inner, model.train_function = model.train_function, retrying
+            return inner
+
+        model.train_function = retrying = retrying_train_function(model, make, probe_step(model))
+    return model.train_function
 
 
 def fit(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
@@ -416,7 +428,17 @@ def fit(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
     callbacks = list(kwargs.pop("callbacks", None) or [])
     if not any(isinstance(c, WindowFlushCallback) for c in callbacks):
         callbacks.insert(0, WindowFlushCallback())
-    return base(*args, callbacks=callbacks, **kwargs)
+    try:
+        return base(*args, callbacks=callbacks, **kwargs)
+    except OUT_OF_MEMORY as err:
+        size = model.accumulation.settings.micro_batch_size
+        if not isinstance(size, int):
+            raise
+        raise type(err)(err.node_def, err.op, (
+            f"A step with micro_batch_size={size} ran out of device memory. Pass a smaller "
+            f"micro_batch_size (e.g. {max(1, size // 2)}), or micro_batch_size='auto' to find "
+            "the largest that fits and shrink it when a batch runs out of memory (the same "
+            f"batch rerun, nothing lost). {err.message}")) from err
 
 
 def train_on_batch(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
@@ -447,30 +469,78 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
 
 
 def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
-    """One micro-batch: its gradient ``c_i * grad(L_i)`` into the window, which closes (one
-    ``optimizer.apply``) on every K-th call; the logged loss is the window-true mean (the
-    tracker's total and count grow by ``c_i * L_i`` and ``c_i``)."""
+    """One train step: with ``micro_batch_size`` the whole batch, split into micro-batches
+    (:func:`split_step`: one update); else one micro-batch, whose gradient ``c_i * grad(L_i)``
+    goes into the window, which closes (one ``optimizer.apply``) on every K-th call. The
+    logged loss is the window-true mean (the tracker's total and count grow by ``c_i * L_i``
+    and ``c_i`` per micro-batch)."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     if needs_build(model):
         build_on_first_batch(model, x)
     if not model.trainable_variables:  # nothing to train: loss and metrics only, as Keras
         return base(data)
     state = model.accumulation
-    out = summed_loss_gradients(
-        model, functools.partial(_compiled_loss, model), x, y, sample_weight,
-        normalizer=state.weighting, optimizer=model.optimizer, state=state,
-        adds_model_losses=type(model).compute_loss is keras.Model.compute_loss)
-    rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
-              out.samples)
-    tracker = loss_tracker(model)
-    if tracker is not None:
-        tracker.total.assign_add(out.weighted_loss)
-        tracker.count.assign_add(out.log_weight)
-    logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
+    size = state.micro_batch_size
+    if size is not None:
+        n = tf.shape(first_leaf(x))[0]
+        rule.one_window(state, model.optimizer, (x, y, sample_weight), size,
+                        functools.partial(_micro_batch, model,
+                                          micro_batches=(n + size - 1) // size))
+        logs = model.get_metrics_result()
+    else:
+        out = _micro_batch(model, x, y, sample_weight)
+        rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
+                  out.samples)
+        logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     logs.update(state.nonfinite_policy.fit_logs(state))  # what the policy skipped
     if is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)
         logs.setdefault("skipped_windows", state.windows_skipped)
     return logs
+
+
+def _micro_batch(model: keras.Model, x: Any, y: Any, sample_weight: Any, *,
+                 micro_batches: Any = None) -> Any:
+    """One micro-batch's forward and backward pass (``summed_loss_gradients``), its loss into
+    Keras's loss tracker; in a split batch also its metrics (updated from each micro-batch's
+    outputs, as Keras updates them from the batch's: no layer sees more than b samples)."""
+    state = model.accumulation
+    split = state.micro_batch_size is not None
+    out = summed_loss_gradients(
+        model, functools.partial(_compiled_loss, model), x, y, sample_weight,
+        normalizer=state.weighting, optimizer=model.optimizer, state=state,
+        adds_model_losses=type(model).compute_loss is keras.Model.compute_loss,
+        micro_batches=micro_batches)
+    tracker = loss_tracker(model)
+    if tracker is not None:
+        tracker.total.assign_add(out.weighted_loss)
+        tracker.count.assign_add(out.log_weight)
+    if split:
+        model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
+    return out
+
+
+def probe_step(model: keras.Model) -> Callable[[Any, int], float]:
+    """``probe(batch, b)`` for ``micro_batch_size="auto"``: one micro-batch's forward and
+    backward pass (the model's compiled loss, as the train step computes it) on the first b
+    samples of ``batch``, compiled as the train step is; nothing is applied. Returns the sum
+    of the gradients (reading it makes the pass run)."""
+    state = model.accumulation
+
+    def grads_of(x, y, sample_weight):
+        out = summed_loss_gradients(
+            model, functools.partial(_compiled_loss, model), x, y, sample_weight,
+            normalizer=state.weighting, optimizer=model.optimizer, state=None,
+            adds_model_losses=type(model).compute_loss is keras.Model.compute_loss)
+        return tf.add_n([tf.reduce_sum(tf.cast(getattr(g, "values", g), tf.float32))
+                         for g in out.grads if g is not None])
+
+    step = tf.function(grads_of, jit_compile=getattr(model, "jit_compile", False) is True)
+
+    def probe(batch: Any, size: int) -> float:
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+        return float(step(*rule.take((x, y, sample_weight), 0, size)))
+
+    return probe
 
 
 def flush(model: keras.Model) -> bool:
@@ -526,26 +596,31 @@ def _warn_own_compute_loss(model: keras.Model, normalizer: Any) -> None:
     )
 
 
-def accumulate(model: keras.Model, accum_steps: int, *, end_of_epoch: str = "apply",
+def accumulate(model: keras.Model, accum_steps: int | None = None, *,
+               micro_batch_size: int | str | None = None, end_of_epoch: str = "apply",
                nonfinite: str | NonFinitePolicy = "raise",
                normalizer: str | Callable = "auto") -> keras.Model:
     """Give ``model`` exact gradient accumulation in ``fit``, in place, and return it.
 
-    Afterwards ``fit`` and ``train_on_batch`` make one optimizer update per ``accum_steps``
-    micro-batches (``batch_size`` is the micro-batch size b), the update one batch of K * b
-    samples makes: each micro-batch weighted by what its compiled loss divided it by, every
-    optimizer, schedule, clipping, weight decay and EMA advanced once per update. The
-    model's class and everything else it does stay its own: ``predict``, ``evaluate``,
-    ``generate``, its preprocessor, ``model.save`` (which writes its own class, loadable
-    without accumcore; call ``accumulate`` again after loading) and ``save_weights`` (which
-    also holds the pending window, so ``keras.callbacks.BackupAndRestore`` resumes exactly).
+    With ``micro_batch_size=b``, ``fit(batch_size=B)`` makes one update per batch, from
+    micro-batches of at most b samples inside the train step (B=100, b=32: 32+32+32+4), and
+    everything Keras counts in steps counts updates; ``"auto"`` finds b on the device
+    (``accumcore._impl.auto_micro_batch``). With ``accum_steps=K``, ``fit`` makes one update
+    per K train steps of b (data that comes as micro-batches). Either way the update is the
+    large batch's: each micro-batch weighted by what its loss divided it by, every optimizer,
+    schedule and EMA advanced once per update. The model keeps its class and methods
+    (``generate``, ``model.save`` loadable without accumcore; ``save_weights`` holds a
+    pending window).
 
     Args:
         model: a ``keras.Model`` (Functional, Sequential, a subclass, a KerasHub task) whose
             class does not override ``train_step``; compiled or not (a later ``compile``
             keeps the accumulation).
-        accum_steps: K, micro-batches per optimizer update (int >= 1).
-        end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
+        accum_steps: K, micro-batches (train steps) per optimizer update (int >= 1).
+        micro_batch_size: b, samples per micro-batch inside each train step (int >= 1), or
+            ``"auto"``; not with ``accum_steps``. Read as ``model.accumulation.micro_batch_size``.
+        end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window
+            (``accum_steps`` only: with ``micro_batch_size`` every window is one batch).
         nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
             :class:`~accumcore.NonFinitePolicy`.
         normalizer: ``"auto"`` (default: what the compiled loss divided by), ``"samples"``,
@@ -555,19 +630,19 @@ def accumulate(model: keras.Model, accum_steps: int, *, end_of_epoch: str = "app
         ``model`` itself. Called again, it changes the settings (the window must be empty).
 
     Raises:
-        ValueError: for a class that overrides ``train_step`` (call accumcore's
-            :class:`~accumcore.AccumulationState` from it, or use
-            :class:`~accumcore.AccumTrainer`), or an optimizer with Keras's own
-            ``gradient_accumulation_steps`` (it would accumulate twice).
-        TypeError: for anything but a ``keras.Model``.
+        ValueError: for a class that overrides ``train_step`` (use
+            :class:`~accumcore.AccumulationState` there), or an optimizer with Keras's own
+            ``gradient_accumulation_steps``.
+        TypeError: for anything but a ``keras.Model``, or neither way of making up updates.
     """
-    given = dict(accum_steps=accum_steps, end_of_epoch=end_of_epoch, nonfinite=nonfinite,
-                 normalizer=normalizer)
+    given = dict(accum_steps=accum_steps, micro_batch_size=micro_batch_size,
+                 end_of_epoch=end_of_epoch, nonfinite=nonfinite, normalizer=normalizer)
+    settings.require_a_way(accum_steps, micro_batch_size, "accumulate()")
     if is_accumulating(model):  # again, or an AccumModel
         set_accumulation(model, given)
         return model
     _refuse(model)
-    settings.resolve(**given)  # every check before the model is touched
+    settings.resolve(**{k: v for k, v in given.items() if v is not None})  # checked first
     _warn_own_compute_loss(model, normalizer)
     attach(model, given)
     wrappers = dict(train_step=train_step, make_train_function=make_train_function, fit=fit,

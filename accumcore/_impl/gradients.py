@@ -104,7 +104,7 @@ def _weighed_loss(loss: tf.Tensor, terms: list, weights: Any, weigh_after: bool)
 
 def _weights(model: keras.Model, normalizer: str | Callable, denominators: list, forms: Any,
              batch: tuple, y_pred: Any, samples: tf.Tensor, state: Any,
-             replicas: float) -> Any:
+             replicas: float, micro_batches: Any = None) -> Any:
     """``denominators.loss_weights`` for one micro-batch ``batch`` (``(x, y,
     sample_weight)``) going to ``state`` (``None``: K = 1, the window empty); constants to the
     tape (what could carry a gradient is stopped)."""
@@ -112,8 +112,8 @@ def _weights(model: keras.Model, normalizer: str | Callable, denominators: list,
     if state is None:
         first_in_window, accum_steps = (lambda: tf.constant(True)), 1
     else:
-        first_in_window, accum_steps = (lambda: tf.equal(state.window_samples, 0)), (
-            state.accum_steps)
+        first_in_window = lambda: tf.equal(state.window_samples, 0)  # noqa: E731
+        accum_steps = state.accum_steps if micro_batches is None else micro_batches
     return loss_weights(normalizer, denominators, forms, x, y, sample_weight, y_pred, samples,
                         first_in_window=first_in_window, accum_steps=accum_steps,
                         replicas=replicas, owner=model)
@@ -130,23 +130,24 @@ def summed_loss_gradients(
     optimizer: keras.optimizers.Optimizer,
     state: Any = None,
     adds_model_losses: bool = True,
+    micro_batches: Any = None,
 ) -> MicroBatchResult:
     """Forward and backward pass of one micro-batch.
 
     Args:
         model: the Keras model (built).
         loss_of: ``loss_of(x, y, y_pred, sample_weight)``, the micro-batch's loss as Keras
-            computes it (float scalar: the compiled loss plus every entry of ``model.losses``),
-            e.g. ``model.compute_loss``; its ``CountedLoss`` es report what they divided by.
+            computes it (the compiled loss plus ``model.losses``; counted losses report).
         x, y, sample_weight: one micro-batch.
-        normalizer: how to weigh it (``accumcore._impl.denominators.micro_batch_weight``).
-        optimizer: used only for ``optimizer.scale_loss`` (mixed-precision loss scaling).
-        state: the ``AccumulationState`` the micro-batch goes to (read for K and whether the
-            window is empty); ``None``: K = 1, the window empty.
-        adds_model_losses: whether ``loss_of`` adds ``model.losses`` as Keras does (each
-            entry summed, once): then each entry is weighed by its own form
-            (``accumcore._impl.denominators.loss_weights``). ``False`` (a ``compute_loss`` of
-            the model's own): the loss is weighed as one.
+        normalizer: how to weigh it (``denominators.micro_batch_weight``).
+        optimizer: for ``optimizer.scale_loss`` (mixed precision) only.
+        state: the ``AccumulationState`` it goes to (read for K and an empty window);
+            ``None``: K = 1, the window empty.
+        adds_model_losses: whether ``loss_of`` adds ``model.losses`` as Keras does: each
+            entry is then weighed by its form (``denominators.loss_weights``); ``False`` (an
+            own ``compute_loss``): the loss is weighed as one.
+        micro_batches: the window's micro-batches where not the state's K (a batch split in
+            the step); only for a weighting warned to assume equal micro-batches.
 
     Returns:
         A :class:`MicroBatchResult`: the gradients of ``weight * loss`` (times the loss scale),
@@ -164,13 +165,12 @@ def summed_loss_gradients(
                                _loss_identity(model, loss_of))
         factor = replica_loss_factor()
         weights = _weights(model, normalizer, denominators, forms, (x, y, sample_weight),
-                           y_pred, samples, state, factor)
+                           y_pred, samples, state, factor, micro_batches)
         weight = weights.weight
         if factor != 1.0:
             loss = loss * factor
-        # Mixed precision: scale the micro-batch's *mean* loss (as Keras does), so that the
-        # float16 backward pass sees per-sample gradients of the usual size; the weight c_i
-        # multiplies the (float32) variable gradients afterwards.
+        # Mixed precision: the *mean* loss scaled (as Keras does), so float16 sees gradients
+        # of the usual size; c_i multiplies the float32 variable gradients afterwards.
         weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
             weights.weigh_after)
         summed = optimizer.scale_loss(_weighed_loss(loss, terms, weights, weigh_after))

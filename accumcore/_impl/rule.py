@@ -8,6 +8,8 @@
 * :func:`close`: the window's mean gradient ``sum_i c_i grad(L_i) / W``, the skip decision, one
   ``optimizer.apply`` (:func:`apply_update`, the library's only one) and :func:`end`.
 * :func:`end`: every window ends there, applied, skipped or dropped.
+* :func:`one_window`: one batch as one window: cut into micro-batches (:func:`micro_batches`),
+  each added, then closed once.
 
 Every special case (the non-finite policy, a ``LossScaleOptimizer``, the replicas, a summed
 loss) is resolved once per (state, optimizer) into a :class:`Plan` (:func:`plan`, cached by the
@@ -23,6 +25,7 @@ from typing import Any
 import tensorflow as tf
 
 from accumcore._impl import loss_scaling
+from accumcore._impl.gradients import first_leaf
 from accumcore._impl.nonfinite import NonFinitePolicy, Stop, window_nonfinite
 
 
@@ -153,6 +156,79 @@ def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples
     accumulated = list(state.variables_accumulated)
     return plan.replicas.decide(lambda: close_if_due(
         window, counters, plan, optimizer, accumulated, present, force=False))
+
+
+def one_window(state, optimizer, batch: tuple, size: int, contribute: Callable) -> tuple:
+    """One batch as one window, in one traced step: the batch cut into micro-batches of
+    ``size`` samples (the last may be smaller: :func:`micro_batches`), each added
+    (``state.accumulate``), then the window closed once (``state.apply_window``).
+
+    Args:
+        state: the ``AccumulationState`` (built, its window empty).
+        optimizer: the Keras optimizer the window is applied with.
+        batch: ``(x, y, sample_weight)`` of the whole batch (``y``, ``sample_weight`` may be
+            ``None``); the leading dimension of every tensor is the batch's samples.
+        size: b, samples per micro-batch (a Python int: every micro-batch but the last has
+            this static shape, as XLA needs).
+        contribute: ``contribute(x_i, y_i, sample_weight_i) -> MicroBatchResult``, one
+            micro-batch's forward and backward pass (and whatever else it records: metrics).
+
+    Returns:
+        ``(loss, applied)``: the batch's mean loss ``sum c_i L_i / sum c_i`` (float32 scalar)
+        and whether an optimizer update was applied (bool scalar).
+    """
+
+    def add_one(micro_batch: tuple, totals: tuple) -> tuple:
+        out = contribute(*micro_batch)
+        state.accumulate(out.grads, out.weight, out.samples, optimizer)
+        return totals[0] + out.weighted_loss, totals[1] + out.log_weight
+
+    totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
+    applied = state.apply_window(optimizer)
+    return tf.math.divide_no_nan(*totals), applied
+
+
+def micro_batches(batch: tuple, size: int, body: Callable, totals: tuple) -> tuple:
+    """Run ``totals = body(micro_batch, totals)`` on every micro-batch of ``batch``, in order:
+    ``n // size`` micro-batches of exactly ``size`` samples in a ``tf.while_loop`` (one at a
+    time: ``parallel_iterations=1``, so only one micro-batch's activations are alive, and the
+    graph does not grow with their number), then the ``n % size`` samples left, if any. Every
+    slice has a static size where the batch's is static, so XLA never clamps a slice that runs
+    past the batch's end (it would silently re-read samples).
+    """
+    n_static = first_leaf(batch[0]).shape[0]
+    n = tf.shape(first_leaf(batch[0]))[0]
+    full = n // size
+
+    def loop_body(i, *loop_totals):
+        return (i + 1, *body(take(batch, i * size, size), loop_totals))
+
+    _, *totals = tf.while_loop(lambda i, *_: i < full, loop_body, (tf.constant(0), *totals),
+                               parallel_iterations=1)
+    totals = tuple(totals)
+    if n_static is not None:  # the rest's size known now
+        rest = n_static % size
+        return body(take(batch, n_static - rest, rest), totals) if rest else totals
+    rest = n - full * size
+    return tf.cond(rest > 0, lambda: body(take(batch, full * size, rest), totals),
+                   lambda: totals)
+
+
+def take(batch: Any, start, length) -> Any:
+    """Samples ``[start, start + length)`` of every tensor in ``batch`` (``None`` stays)."""
+
+    def one(t):
+        if t is None:
+            return None
+        if isinstance(t, tf.Tensor) and t.shape.rank is not None:
+            rank = t.shape.rank
+            begin = tf.stack([tf.cast(start, tf.int32)] + [0] * (rank - 1))
+            sizes = tf.stack([tf.cast(length, tf.int32)] + [-1] * (rank - 1)) if (
+                not isinstance(length, int)) else [length] + [-1] * (rank - 1)
+            return tf.slice(t, begin, sizes)
+        return t[start : start + length]
+
+    return tf.nest.map_structure(one, batch)
 
 
 def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight: tf.Tensor,

@@ -23,6 +23,10 @@ END_OF_EPOCH_POLICIES = ("apply", "carry", "drop")
 #: How the summed loss of a window is normalised (see :class:`accumcore.AccumulationState`).
 NORMALIZERS = ("auto", "samples", "sample_weight")
 
+#: What ``micro_batch_size`` accepts besides a positive int, for a b found on the device by
+#: running the real step (``accumcore._impl.auto_micro_batch``).
+AUTO = "auto"
+
 
 def check_positive_int(value: Any, name: str, *, meaning: str = "") -> int:
     """Return ``value`` as an ``int`` after checking it is a positive integer (a count or size).
@@ -147,6 +151,25 @@ def check_normalizer(normalizer: Any) -> str | Callable:
     return check_choice(normalizer, "normalizer", NORMALIZERS)
 
 
+def check_micro_batch_size(value: Any) -> int | str | None:
+    """Check ``micro_batch_size`` (b, samples per micro-batch when ``fit`` splits each batch):
+    a positive int, ``"auto"`` or ``None`` (no split: ``accum_steps`` counts micro-batches).
+
+    Raises:
+        ValueError: for 0, a negative number, a float, a bool or an unknown string, naming the
+            accepted values.
+    """
+    if value is None or (isinstance(value, str) and value == AUTO):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(
+            f"`micro_batch_size` must be a positive int (the samples of one micro-batch, e.g. "
+            f"16: `fit(batch_size=64)` then makes one update from 4 micro-batches of 16) or "
+            f"'auto' (the largest that fits on the device), got {value!r}."
+        )
+    return int(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """One model's or trainer's accumulation settings, validated (built by :func:`resolve`).
@@ -159,6 +182,10 @@ class Settings:
         nonfinite: the :class:`~accumcore.NonFinitePolicy` (given by name or as a policy).
         normalizer: how a micro-batch is weighed, as given: ``"auto"``, ``"samples"``,
             ``"sample_weight"`` or a callable ``(x, y, sample_weight) -> item count``.
+        micro_batch_size: b, samples per micro-batch when ``fit`` splits each batch of B
+            inside its train step (one update per batch; ``accum_steps`` is then 1), or
+            ``"auto"`` (found on the device); ``None``: each batch is one micro-batch and
+            ``accum_steps`` of them make an update.
     """
 
     accum_steps: int | None = 1
@@ -166,6 +193,12 @@ class Settings:
     nonfinite: NonFinitePolicy = dataclasses.field(
         default_factory=lambda: nonfinite_policy("raise"))
     normalizer: str | Callable = "auto"
+    micro_batch_size: int | str | None = None
+
+    @property
+    def splits_batches(self) -> bool:
+        """Whether ``fit`` splits each batch into micro-batches inside its train step."""
+        return self.micro_batch_size is not None
 
     @property
     def nonfinite_name(self) -> str | NonFinitePolicy:
@@ -180,7 +213,12 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "end_of_epoch": lambda value: check_choice(value, "end_of_epoch", END_OF_EPOCH_POLICIES),
     "nonfinite": nonfinite_policy,
     "normalizer": check_normalizer,
+    "micro_batch_size": check_micro_batch_size,
 }
+
+#: The two ways to say how an update is made up (K batches per update, or each batch split
+#: into micro-batches of b), given one at a time.
+_EXCLUSIVE = ("accum_steps", "micro_batch_size")
 
 
 def resolve(base: Settings | None = None, **given: Any) -> Settings:
@@ -199,8 +237,33 @@ def resolve(base: Settings | None = None, **given: Any) -> Settings:
     if unknown:
         raise TypeError(f"Unknown accumulation setting(s) {', '.join(unknown)}; known: "
                         f"{', '.join(CHECKS)}.")
+    if all(given.get(name) is not None for name in _EXCLUSIVE) and given["accum_steps"] != 1:
+        raise ValueError(
+            f"Pass `accum_steps` or `micro_batch_size`, not both (got accum_steps="
+            f"{given['accum_steps']!r}, micro_batch_size={given['micro_batch_size']!r}). "
+            "`micro_batch_size=b`: fit's `batch_size` is the recipe's batch B, split into "
+            "micro-batches of b inside each step (one update per batch). `accum_steps=K`: "
+            "fit's `batch_size` is the micro-batch, and K of them make an update (for data "
+            "that comes as micro-batches)."
+        )
     checked = {name: CHECKS[name](value) for name, value in given.items()}
+    # The one given replaces the other (set_accumulation switches between them).
+    if checked.get("micro_batch_size") is not None:
+        checked["accum_steps"] = 1
+    elif checked.get("accum_steps") is not None:
+        checked["micro_batch_size"] = None
     return dataclasses.replace(base or Settings(), **checked)
+
+
+def require_a_way(accum_steps: Any, micro_batch_size: Any, caller: str) -> None:
+    """Raise ``TypeError`` naming both settings when neither is given to ``caller``."""
+    if accum_steps is None and micro_batch_size is None:
+        raise TypeError(
+            f"{caller} needs `micro_batch_size=b` (then `fit(batch_size=B)` makes one update "
+            "per batch of B, from micro-batches of at most b samples; 'auto': the largest "
+            "that fits) or `accum_steps=K` (then `fit(batch_size=b)` makes one update per K "
+            "micro-batches of b)."
+        )
 
 
 def get_optimizer(optimizer: Any) -> Any:

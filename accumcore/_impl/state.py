@@ -70,6 +70,7 @@ class AccumulationState(tf.Module):
         super().__init__(name=name)
         self._settings = _Untracked(settings.resolve(accum_steps=accum_steps,
                                                      nonfinite=nonfinite))
+        self._found_micro_batch = _Untracked(None)  # the b that "auto" found
         self.accumulators: list[tf.Variable] = []
         self._variables = _Untracked(())
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
@@ -98,6 +99,22 @@ class AccumulationState(tf.Module):
     def settings(self, value: settings.Settings) -> None:
         self._settings = _Untracked(value)
         self._plans.value.clear()  # the plans captured the old settings
+        self._found_micro_batch = _Untracked(None)
+
+    @property
+    def micro_batch_size(self) -> int | str | None:
+        """The samples per micro-batch (b) when ``fit`` splits each batch inside its step.
+
+        The setting, or for ``"auto"`` the size found on the device once the first batch ran
+        (``"auto"`` until then); ``None`` when ``fit`` does not split (``accum_steps`` counts
+        micro-batches)."""
+        found = self._found_micro_batch.value
+        return self.settings.micro_batch_size if found is None else found
+
+    @micro_batch_size.setter
+    def micro_batch_size(self, value: int) -> None:
+        """Record the size ``"auto"`` found (samples)."""
+        self._found_micro_batch = _Untracked(settings.check_micro_batch_size(value))
 
     @property
     def accum_steps(self) -> int:

@@ -1,0 +1,280 @@
+"""``micro_batch_size``: the recipe's batch B in ``fit``, split into micro-batches of at most b
+inside the one train step; ``"auto"`` finds b and reruns a batch that runs out of memory.
+
+The exactness cases that ``accum_steps`` has are parametrised over both settings in
+tests/test_accumulate.py (``WAYS``) and tests/test_distribute.py (``_split``); this file holds
+what only this setting has. Every equivalence test compares against an independent large-batch
+reference from the same initial weights (``helpers.reference_weights``: plain Keras
+``train_on_batch`` on each batch of B). Tolerance ``REL_TOL`` (tests/helpers.py: float32
+re-association with a 5x margin, 3-4 orders below a real bug's size).
+
+Out of memory is injected on CPU: a layer whose ``tf.py_function`` raises ``MemoryError`` for a
+micro-batch above a limit, which reaches the caller as ``tf.errors.ResourceExhaustedError``
+(a ``py_function`` does not compile under XLA, so these run without ``jit_compile``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from helpers import LOSS, REL_TOL, assert_matches_reference, make_data, reference_weights, small_mlp
+
+import accumcore as ac
+from accumcore.lab.experiments import get_weights, relative_error
+
+B, b = 16, 6  # 40 samples: batches of 16, 16, 8; cut 6 + 6 + 4 and 6 + 2
+
+
+def adam() -> keras.optimizers.Optimizer:
+    return keras.optimizers.Adam(0.01)
+
+
+def _split_model(make_opt=adam, *, micro=b, make_model=small_mlp, **compile_kwargs):
+    model = make_model()
+    model.compile(make_opt(), LOSS, **compile_kwargs)
+    return ac.accumulate(model, micro_batch_size=micro)
+
+
+def test_xla_with_ragged_micro_batches_matches_the_large_batch(data):
+    """Uneven micro-batches under ``jit_compile=True``: a slice past the batch's end would be
+    clamped by XLA and silently re-read samples (a 4.5x error in a quick stand-in)."""
+    x, y = data
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B))
+    model = _split_model(jit_compile=True)
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert_matches_reference(model, initial, ref)
+    assert int(model.optimizer.iterations.numpy()) == 3
+
+
+def _batches(n: int, size: int) -> list[slice]:
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+class _Counting(keras.callbacks.Callback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches = 0
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        self.batches += 1
+
+
+def test_keras_counts_updates_batches_steps_per_epoch_and_steps_per_execution(data):
+    """Callbacks see one batch per update, ``steps_per_epoch=N`` makes N updates, and
+    ``steps_per_execution`` runs several whole batches per call, exactly."""
+    x, y = data
+    model = _split_model()
+    counting = _Counting()
+    model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[counting])
+    assert counting.batches == int(model.optimizer.iterations.numpy()) == 6
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(B).repeat()
+    model = _split_model()
+    model.fit(ds, steps_per_epoch=2, epochs=3, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 6
+
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B))
+    model = _split_model(steps_per_execution=2)
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert_matches_reference(model, initial, ref)
+
+
+def test_logged_loss_and_metrics_are_the_large_batch_ones(data):
+    """Metrics are updated from every micro-batch's outputs: the epoch's loss and accuracy
+    equal plain ``fit`` at B (which sees the same weights: SGD with a zero rate)."""
+    x, y = data
+    plain = small_mlp()
+    plain.compile(keras.optimizers.SGD(0.0), LOSS, metrics=["accuracy"])
+    expected = plain.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0).history
+    model = small_mlp()
+    model.compile(keras.optimizers.SGD(0.0), LOSS, metrics=["accuracy"])
+    ac.accumulate(model, micro_batch_size=b)
+    got = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(got["loss"], expected["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["accuracy"], expected["accuracy"], rtol=1e-6)
+
+
+def test_many_micro_batches_trace_once_per_batch_shape():
+    """K = 64 micro-batches per batch in a loop, not unrolled: the step is traced once per
+    distinct batch shape (here two: 128 and the last 64), and the update is exact."""
+    x, y = make_data(192)
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), 128))
+    model = _split_model(micro=2)
+    traces = []
+    step = model.train_step
+    model.train_step = lambda data: traces.append(1) or step(data)
+    model.fit(x, y, batch_size=128, epochs=2, shuffle=False, verbose=0)
+    assert len(traces) <= 2 * 2
+    model2 = _split_model(micro=2)
+    model2.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
+    assert_matches_reference(model2, initial, ref)
+
+
+def test_loss_scaling_and_window_batchnorm_follow_the_window(data):
+    """A ``LossScaleOptimizer`` scales each micro-batch and unscales the window once; a
+    window-level BatchNorm updates its statistics once per batch: the same model trained with
+    ``accum_steps`` (micro-batches of b as fit's batches, tested against the large batch in
+    tests/test_batchnorm.py and tests/test_mixed_precision.py) ends with the same weights."""
+    x, y = data
+
+    def bn_model():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        hidden = ac.WindowBatchNormalization()(keras.layers.Dense(16)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+
+    def scaled():
+        return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
+
+    results = []
+    for how, batch in ((dict(micro_batch_size=8), 16), (dict(accum_steps=2), 8)):
+        model = bn_model()
+        model.compile(scaled(), LOSS)
+        ac.accumulate(model, **how)
+        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+        results.append(get_weights(model))  # non-trainable (moving statistics) included
+    initial = get_weights(bn_model())
+    assert relative_error(results[0], results[1], initial) <= REL_TOL
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "big", "AUTO"])
+def test_bad_micro_batch_size_names_the_parameter_and_the_accepted_values(bad):
+    with pytest.raises(ValueError, match=r"`micro_batch_size` must be a positive int .*'auto'"):
+        ac.accumulate(small_mlp(), micro_batch_size=bad)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        ac.AccumModel(*_io(), micro_batch_size=bad)
+
+
+def _io():
+    inputs = keras.Input((8,))
+    return inputs, keras.layers.Dense(3, activation="softmax")(inputs)
+
+
+def test_both_or_neither_setting_is_refused_and_one_replaces_the_other(data):
+    with pytest.raises(ValueError, match="`accum_steps` or `micro_batch_size`, not both"):
+        ac.accumulate(small_mlp(), accum_steps=4, micro_batch_size=16)
+    with pytest.raises(TypeError, match="micro_batch_size=b"):
+        ac.accumulate(small_mlp())
+    model = _split_model()
+    assert model.accumulation.micro_batch_size == b and model.accumulation.accum_steps == 1
+    ac.accumulate(model, accum_steps=3)
+    assert model.accumulation.micro_batch_size is None and model.accumulation.accum_steps == 3
+
+
+def test_accum_model_takes_it_and_its_config_round_trips(data):
+    x, y = data
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B))
+    model = small_mlp(model_cls=ac.AccumModel, micro_batch_size=b)
+    model.compile(adam(), LOSS)
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert_matches_reference(model, initial, ref)
+    assert model.micro_batch_size == b
+    clone = ac.AccumModel.from_config(model.get_config())
+    assert clone.micro_batch_size == b and clone.accum_steps == 1
+
+
+# ---------------------------------------------------------------------- "auto", out of memory
+class _Limit(keras.layers.Layer):
+    """Identity that "runs out of memory" (``MemoryError`` in a ``py_function``) on more than
+    ``LIMIT["samples"]`` samples at once."""
+
+    LIMIT = {"samples": 10**9}
+
+    def call(self, x):
+        def check(t):
+            if t.shape[0] > self.LIMIT["samples"]:
+                raise MemoryError(f"injected: {t.shape[0]} samples")
+            return t
+
+        out = tf.py_function(check, [x], x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+
+def _limited_mlp(seed: int = 0) -> keras.Model:
+    """An MLP with the out-of-memory layer between its two Dense layers."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,))
+    hidden = _Limit()(keras.layers.Dense(16, activation="tanh")(inputs))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+
+
+@pytest.fixture
+def limit():
+    yield _Limit.LIMIT
+    _Limit.LIMIT["samples"] = 10**9
+
+
+def test_auto_finds_the_largest_micro_batch_that_fits_and_reports_it(data, limit, caplog):
+    x, y = data
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B),
+                                     make_model=_limited_mlp)
+    limit["samples"] = 5
+    model = _limited_mlp()
+    model.compile(adam(), LOSS)
+    ac.accumulate(model, micro_batch_size="auto")
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert model.accumulation.micro_batch_size == 5
+    assert_matches_reference(model, initial, ref)
+    assert "b = 5 samples per micro-batch" in caplog.text and "(16, False)" in caplog.text
+
+
+def test_auto_on_a_device_with_room_does_not_split(data, limit, caplog):
+    x, y = data
+    model = _split_model(micro="auto")
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert model.accumulation.micro_batch_size == B
+    assert "no split" in caplog.text
+
+
+class _Tighten(keras.callbacks.Callback):
+    """From the second epoch on, only 3 samples fit (a batch of longer sequences)."""
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        if epoch == 1:
+            _Limit.LIMIT["samples"] = 3
+
+
+def test_out_of_memory_in_epoch_two_reruns_the_same_batch_exactly(data, limit):
+    """Nothing lost or applied twice: the same updates, the same metrics, as the run without
+    it (and as the large batch)."""
+    x, y = data
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B) * 2,
+                                     make_model=_limited_mlp)
+    histories = []
+    for callbacks in ([], [_Tighten()]):
+        limit["samples"] = 10**9
+        model = _limited_mlp()
+        model.compile(adam(), LOSS, metrics=["accuracy"])
+        ac.accumulate(model, micro_batch_size="auto")
+        histories.append(model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0,
+                                   callbacks=callbacks).history)
+        assert int(model.optimizer.iterations.numpy()) == 6
+        assert_matches_reference(model, initial, ref)
+    assert model.accumulation.micro_batch_size == 2  # 16 -> 8 -> 4 -> 2
+    np.testing.assert_allclose(histories[1]["loss"], histories[0]["loss"], rtol=1e-5)
+    assert histories[1]["accuracy"] == histories[0]["accuracy"]
+
+
+def test_nothing_fits_raises_with_the_probes(data, limit):
+    x, y = data
+    limit["samples"] = 0
+    model = _limited_mlp()
+    model.compile(adam(), LOSS)
+    ac.accumulate(model, micro_batch_size="auto")
+    with pytest.raises(ValueError, match=r"even micro-batches of 1 sample.*\(1, False\)"):
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+
+def test_a_fixed_micro_batch_that_runs_out_of_memory_names_auto(data, limit):
+    x, y = data
+    limit["samples"] = 4
+    model = _split_model(micro=6, make_model=_limited_mlp)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="micro_batch_size='auto'"):
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
