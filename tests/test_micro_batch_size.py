@@ -114,6 +114,24 @@ def test_many_micro_batches_trace_once_per_batch_shape():
     assert_matches_reference(model2, initial, ref)
 
 
+def _graph_size(micro: int) -> int:
+    """Nodes of the traced train step (its functions' bodies included) for batches of 256
+    samples (a static size, which an unrolled loop could use) split into micro-batches of
+    ``micro``."""
+    model = _split_model(micro=micro)
+    model.fit(*make_data(8), batch_size=8, epochs=1, verbose=0)  # build what fit builds
+    step = tf.function(model.train_step).get_concrete_function(
+        (tf.TensorSpec([256, 8]), tf.TensorSpec([256], tf.int64)))
+    graph = step.graph.as_graph_def()
+    return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+
+
+def test_the_graph_does_not_grow_with_the_number_of_micro_batches():
+    """b = 1 (K = 256) traces the same graph as b = 64 (K = 4): one loop body. The count sees
+    one more micro-batch's pass: b = 48 adds the rest's (5 x 48 + 16)."""
+    assert _graph_size(1) == _graph_size(64) < _graph_size(48)
+
+
 def test_loss_scaling_and_window_batchnorm_follow_the_window(data):
     """A ``LossScaleOptimizer`` scales each micro-batch and unscales the window once; a
     window-level BatchNorm updates its statistics once per batch: the same model trained with

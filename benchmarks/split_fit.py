@@ -1,0 +1,171 @@
+"""``fit`` with the recipe's batch split inside the step (``micro_batch_size``), against Keras's
+own ``gradient_accumulation_steps`` and plain ``fit`` at B, side by side in one process; and its
+peak memory against plain ``fit`` at b.
+
+Usage (repository root, the project's venv):
+
+    python benchmarks/split_fit.py                                  # MLP and conv, 21 rounds
+    python benchmarks/split_fit.py --models mlp conv lm --rounds 21 \\
+        --out benchmarks/results/cpu/split_fit.json                 # RESULTS.md's figures
+    python benchmarks/split_fit.py --memory-only
+
+Speed: every configuration makes the same updates from the same samples (B = 64 per update):
+``split`` is ``accumcore.accumulate(model, micro_batch_size=16)`` with ``fit(batch_size=64)``,
+``keras_ga`` is ``Adam(gradient_accumulation_steps=4)`` with ``fit(batch_size=16)`` (one
+train-function call per micro-batch), ``micro_steps`` is ``accumulate(model, accum_steps=4)``
+with ``fit(batch_size=16)``, ``plain_B`` is plain ``fit(batch_size=64)``. Each round times one
+epoch of every configuration in a rotating order; a figure is the median of the per-round
+throughput ratios with its 95 % bootstrap interval (``accumcore.lab.benchmarking.
+paired_ratio``). Models: the benchmark MLP (784-256-256-10), the conv net (filters 16, 32), and
+``lm``: ``benchmarks/accumulate_lm.py``'s KerasHub GPT-2 (b = 8, K = 4, B = 32).
+
+Memory: a fresh process per configuration on the conv net with filters (64, 128) (activations
+much larger than its weights), one step after a warm-up, the allocator's peak
+(``tf.config.experimental.get_memory_info``): ``split`` at B = 256, b = 32 against plain
+``fit`` at b = 32, whose peak plus the B input samples is what the split step may hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import accumcore  # noqa: E402
+from accumcore.lab import benchmarking as bm  # noqa: E402
+
+MICRO, K = 16, 4
+KINDS = ("split", "keras_ga", "micro_steps", "plain_B")
+#: The targets of issue 40: split's throughput over each reference, per model.
+TARGETS = {"mlp": {"keras_ga": 1.5, "plain_B": 0.85}, "conv": {"keras_ga": 1.0, "plain_B": 0.85},
+           "lm": {"keras_ga": 1.2}}
+MEMORY = {"filters": (64, 128), "micro": 32, "batch": 256}
+
+
+def _compiled(model_kind: str, kind: str) -> tuple[keras.Model, int, Any]:
+    """``(model, fit's batch_size, data)`` for one configuration, compiled."""
+    if model_kind == "lm":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import accumulate_lm as lm_bench
+
+        micro, k = lm_bench.MICRO_BATCH, lm_bench.ACCUM_STEPS
+        model = lm_bench.compiled("keras_ga" if kind == "keras_ga" else "plain")
+        data = lm_bench.data()
+    else:
+        micro, k = MICRO, K
+        model = bm.build_model(model_kind)
+        gas = {"gradient_accumulation_steps": k} if kind == "keras_ga" else {}
+        model.compile(keras.optimizers.Adam(1e-3, **gas), bm.LOSS, jit_compile=False)
+        x, y = bm.benchmark_data(model_kind, 4096 if model_kind == "mlp" else 1024, "synthetic")
+        data = (x, y, None)
+    if kind == "split":
+        accumcore.accumulate(model, micro_batch_size=micro)
+    elif kind == "micro_steps":
+        accumcore.accumulate(model, accum_steps=k)
+    batch = micro * k if kind in ("split", "plain_B") else micro
+    return model, batch, data
+
+
+def _epoch(model: keras.Model, batch: int, data: Any) -> float:
+    x, y, sw = data
+    start = time.perf_counter()
+    model.fit(x, y, sample_weight=sw, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+    return time.perf_counter() - start
+
+
+def measure_speed(model_kind: str, rounds: int) -> dict[str, Any]:
+    kinds = KINDS if model_kind != "lm" else ("split", "keras_ga", "micro_steps")
+    runs = {kind: _compiled(model_kind, kind) for kind in kinds}
+    for run in runs.values():  # trace, then TensorFlow's own warm-up
+        _epoch(*run)
+        _epoch(*run)
+    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for r in range(rounds):
+        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+            seconds[kind].append(_epoch(*runs[kind]))
+    ratios = {f"split/{kind}": bm.paired_ratio(seconds[kind], seconds["split"])
+              for kind in kinds if kind != "split"}
+    return {"seconds": seconds, "ratios": ratios, "targets": TARGETS[model_kind]}
+
+
+def memory_child(kind: str) -> dict[str, Any]:
+    """One step's peak memory of ``kind`` (``"split"`` or ``"plain_b"``), in this process."""
+    filters, micro, batch = MEMORY["filters"], MEMORY["micro"], MEMORY["batch"]
+    model = bm.build_model("conv", filters=filters)
+    model.compile(keras.optimizers.Adam(1e-3), bm.LOSS, jit_compile=False)
+    x, y = bm.benchmark_data("conv", batch, "synthetic")
+    if kind == "split":
+        accumcore.accumulate(model, micro_batch_size=micro)
+    else:
+        x, y = x[:micro], y[:micro]
+    model.train_on_batch(x, y)
+    device = "CPU:0"
+    tf.config.experimental.reset_memory_stats(device)
+    model.train_on_batch(x, y)
+    info = tf.config.experimental.get_memory_info(device)
+    return {"kind": kind, "peak_bytes": int(info["peak"]), "input_bytes": int(x.nbytes),
+            "weights_bytes": bm.trainable_bytes(model)}
+
+
+def measure_memory() -> dict[str, Any]:
+    out = {}
+    for kind in ("plain_b", "split"):
+        done = subprocess.run([sys.executable, __file__, "--memory-child", kind],
+                              capture_output=True, text=True, check=True)
+        out[kind] = json.loads(done.stdout.strip().splitlines()[-1])
+    batch_input = out["split"]["input_bytes"] - out["plain_b"]["input_bytes"]
+    bound = out["plain_b"]["peak_bytes"] + batch_input
+    out["ratio_to_plain_b_plus_input"] = out["split"]["peak_bytes"] / bound
+    out["settings"] = {**MEMORY, "filters": list(MEMORY["filters"])}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["mlp", "conv"],
+                        choices=["mlp", "conv", "lm"])
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--memory-child", choices=["split", "plain_b"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help="write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child)))
+        return 0
+    record: dict[str, Any] = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                              "rounds": args.rounds, "load_average": [os.getloadavg()],
+                              "keras": keras.__version__, "tensorflow": tf.__version__}
+    if not args.memory_only:
+        for model_kind in args.models:
+            record[model_kind] = result = measure_speed(model_kind, args.rounds)
+            for name, p in result["ratios"].items():
+                target = result["targets"].get(name.split("/")[1])
+                verdict = "" if target is None else (
+                    f" (target >= {target}: {'met' if p['low'] >= target else 'not met'})")
+                print(f"{model_kind:5s} {name:18s} throughput {p['median']:.3f} "
+                      f"[{p['low']:.3f}, {p['high']:.3f}]{verdict}", flush=True)
+    record["memory"] = memory = measure_memory()
+    print(f"memory: split peak {memory['split']['peak_bytes'] / 2**20:.1f} MiB, plain fit at b "
+          f"{memory['plain_b']['peak_bytes'] / 2**20:.1f} MiB + the batch's inputs: ratio "
+          f"{memory['ratio_to_plain_b_plus_input']:.3f} (target <= 1.05)")
+    record["load_average"].append(os.getloadavg())
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        print("wrote", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
