@@ -89,10 +89,12 @@ def train(entry: str, x, y, micro: int, k: int, *, lr: float,
 
     ``run_eagerly`` (``fit`` only) skips tracing: quicker for these few micro-batches.
     """
-    if entry == "fit":
-        model = bn_net(bn, depth=depth, model_cls=ac.AccumModel, accum_steps=k, **kwargs)
+    if entry in ("fit", "fit_split"):  # fit_split: batches of k * micro split in the step
+        how = dict(accum_steps=k) if entry == "fit" else dict(micro_batch_size=micro)
+        model = bn_net(bn, depth=depth, model_cls=ac.AccumModel, **how, **kwargs)
         model.compile(keras.optimizers.SGD(lr), LOSS, run_eagerly=run_eagerly)
-        model.fit(x, y, batch_size=micro, epochs=epochs, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=micro if entry == "fit" else micro * k, epochs=epochs,
+                  shuffle=False, verbose=0)
         return model
     model = bn_net(bn, depth=depth)
     trainer = ac.AccumTrainer(model, keras.optimizers.SGD(lr), LOSS, accum_steps=k, **kwargs)
@@ -117,7 +119,8 @@ def lr0_reference(images):
     return ref, stats0, ref.predict(x, verbose=0)
 
 
-@pytest.mark.parametrize("entry", ["eager", "function", "graph", "window_step", "fit"])
+@pytest.mark.parametrize("entry", ["eager", "function", "graph", "window_step", "fit",
+                                   "fit_split"])
 def test_moving_stats_equal_large_batch_bn_every_window(entry, images, lr0_reference):
     x, y = images
     ref, stats0, ref_outputs = lr0_reference

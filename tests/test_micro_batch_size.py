@@ -2,9 +2,10 @@
 inside the one train step; ``"auto"`` finds b and reruns a batch that runs out of memory.
 
 The exactness cases that ``accum_steps`` has are parametrised over both settings in
-tests/test_accumulate.py (``WAYS``) and tests/test_distribute.py (``_split``); this file holds
-what only this setting has. Every equivalence test compares against an independent large-batch
-reference from the same initial weights (``helpers.reference_weights``: plain Keras
+tests/test_accumulate.py and tests/test_keras_hub.py (``WAYS``), tests/test_distribute.py
+(``_split``), tests/test_mixed_precision.py and tests/test_batchnorm.py (``fit_split``); this
+file holds what only this setting has. Every equivalence test compares against an independent
+large-batch reference from the same initial weights (``helpers.reference_weights``: plain Keras
 ``train_on_batch`` on each batch of B). Tolerance ``REL_TOL`` (tests/helpers.py: float32
 re-association with a 5x margin, 3-4 orders below a real bug's size).
 
@@ -21,10 +22,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, REL_TOL, assert_matches_reference, make_data, reference_weights, small_mlp
+from helpers import LOSS, assert_matches_reference, make_data, reference_weights, small_mlp
 
 import accumcore as ac
-from accumcore.lab.experiments import get_weights, relative_error
 
 B, b = 16, 6  # 40 samples: batches of 16, 16, 8; cut 6 + 6 + 4 and 6 + 2
 
@@ -130,33 +130,6 @@ def test_the_graph_does_not_grow_with_the_number_of_micro_batches():
     """b = 1 (K = 256) traces the same graph as b = 64 (K = 4): one loop body. The count sees
     one more micro-batch's pass: b = 48 adds the rest's (5 x 48 + 16)."""
     assert _graph_size(1) == _graph_size(64) < _graph_size(48)
-
-
-def test_loss_scaling_and_window_batchnorm_follow_the_window(data):
-    """A ``LossScaleOptimizer`` scales each micro-batch and unscales the window once; a
-    window-level BatchNorm updates its statistics once per batch: the same model trained with
-    ``accum_steps`` (micro-batches of b as fit's batches, tested against the large batch in
-    tests/test_batchnorm.py and tests/test_mixed_precision.py) ends with the same weights."""
-    x, y = data
-
-    def bn_model():
-        keras.utils.set_random_seed(0)
-        inputs = keras.Input((8,))
-        hidden = ac.WindowBatchNormalization()(keras.layers.Dense(16)(inputs))
-        return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
-
-    def scaled():
-        return keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam(0.01))
-
-    results = []
-    for how, batch in ((dict(micro_batch_size=8), 16), (dict(accum_steps=2), 8)):
-        model = bn_model()
-        model.compile(scaled(), LOSS)
-        ac.accumulate(model, **how)
-        model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
-        results.append(get_weights(model))  # non-trainable (moving statistics) included
-    initial = get_weights(bn_model())
-    assert relative_error(results[0], results[1], initial) <= REL_TOL
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.0, True, "big", "AUTO"])

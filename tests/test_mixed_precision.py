@@ -75,10 +75,12 @@ def reference(policy: str, x, y, initial_scale: float = 2.0**15):
 def train(entry: str, policy: str, x, y, initial_scale: float = 2.0**15):
     """Returns (model, state, optimizer) after one epoch of micro-batches of MICRO samples."""
     optimizer = mixed_optimizer(policy, initial_scale)
-    if entry == "fit":
-        model = build_mixed_model(policy, model_cls=ac.AccumModel, accum_steps=K)
+    if entry in ("fit", "fit_split"):  # fit_split: batches of K * MICRO split in the step
+        how = dict(accum_steps=K) if entry == "fit" else dict(micro_batch_size=MICRO)
+        model = build_mixed_model(policy, model_cls=ac.AccumModel, **how)
         model.compile(optimizer, LOSS)
-        model.fit(x, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=MICRO if entry == "fit" else MICRO * K, epochs=1,
+                  shuffle=False, verbose=0)
         return model, model.accumulation, optimizer
     model = build_mixed_model(policy)
     trainer = ac.AccumTrainer(model, optimizer, LOSS, accum_steps=K)
@@ -87,7 +89,7 @@ def train(entry: str, policy: str, x, y, initial_scale: float = 2.0**15):
 
 
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
-@pytest.mark.parametrize("entry", ["function", "fit"])
+@pytest.mark.parametrize("entry", ["function", "fit", "fit_split"])
 def test_equivalence_with_large_batch(entry: str, policy: str) -> None:
     x, y = mixed_data(64)
     initial, ref, ref_opt = reference(policy, x, y)
@@ -100,7 +102,7 @@ def test_equivalence_with_large_batch(entry: str, policy: str) -> None:
         assert loss_scaling.loss_scale(optimizer) == loss_scaling.loss_scale(ref_opt) == 2**15
 
 
-@pytest.mark.parametrize("entry", ["eager", "fit"])
+@pytest.mark.parametrize("entry", ["eager", "fit", "fit_split"])
 def test_forced_overflow_skips_exactly_one_window(entry: str) -> None:
     """One sample of window 2 overflows float16: that window is skipped whole, the scale is
     halved, nothing is raised (nonfinite='raise' is the default) and window 3 is applied with
