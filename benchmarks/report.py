@@ -218,6 +218,53 @@ def accumulate_lm_lines(record: dict[str, Any] | None) -> list[str]:
             f"{record['throughput_ratio_best_of_n']:.3f} | ≥ {record['target']:g} | {verdict} |"]
 
 
+#: ``python benchmarks/split_fit.py --out`` 's file in a results directory, if run there.
+SPLIT_FIT_FILE = "split_fit.json"
+#: What each reference is, in split_fit.json's ratio names.
+_SPLIT_REFERENCES = {"keras_ga": "Keras's `gradient_accumulation_steps`, fit batches of b",
+                     "micro_steps": "`accumulate(accum_steps=K)`, fit batches of b",
+                     "plain_B": "plain `fit` at B (no accumulation)"}
+
+
+def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
+    """``benchmarks/split_fit.py``'s figures: ``fit`` with ``micro_batch_size`` (the batch of B
+    split inside the step) over each reference, paired per round with the 95 % interval, the
+    target and its verdict (met when the interval's lower end reaches it); and the peak
+    memory against plain ``fit`` at b plus the batch's inputs."""
+    if not record:
+        return []
+    lines = ["Same updates from the same samples in every configuration (B = 64 = 4 x 16 for "
+             "the MLP and the conv net, 32 = 4 x 8 for the KerasHub GPT-2): `python "
+             f"benchmarks/split_fit.py --models mlp conv lm --rounds {record['rounds']}` "
+             f"(TensorFlow {record['tensorflow']}, Keras {record['keras']}; load average "
+             f"{record['load_average'][0][0]:.1f} at the start, "
+             f"{record['load_average'][-1][0]:.1f} at the end). Each round fits one epoch "
+             "of every configuration in a rotating order.", "",
+             "| model | throughput of split fit over | paired median [95 % interval] | target "
+             "| |", "|---|---|---|---|---|"]
+    for model in ("mlp", "conv", "lm"):
+        if model not in record:
+            continue
+        for name, p in record[model]["ratios"].items():
+            reference = name.split("/")[1]
+            target = record[model]["targets"].get(reference)
+            verdict = "" if target is None else ("met" if p["low"] >= target else (
+                "**missed**" if p["high"] < target else "not shown (interval spans it)"))
+            lines.append(f"| {model} | {_SPLIT_REFERENCES[reference]} | {p['median']:.3f} "
+                         f"[{p['low']:.3f}, {p['high']:.3f}] | "
+                         f"{'' if target is None else f'≥ {target:g}'} | {verdict} |")
+    memory = record.get("memory")
+    if memory:
+        s = memory["settings"]
+        lines += ["", f"Peak memory (conv net, filters {tuple(s['filters'])}, one step in a "
+                  f"fresh process): split fit at B = {s['batch']}, b = {s['micro']} "
+                  f"{memory['split']['peak_bytes'] / 2**20:.1f} MiB; plain fit at b "
+                  f"{memory['plain_b']['peak_bytes'] / 2**20:.1f} MiB plus the batch's inputs: "
+                  f"ratio {memory['ratio_to_plain_b_plus_input']:.3f} (target ≤ 1.05: "
+                  f"{'met' if memory['ratio_to_plain_b_plus_input'] <= 1.05 else '**missed**'})."]
+    return lines
+
+
 #: Issue 32's targets: AccumModel.fit against Keras's accumulation (paired median, and the
 #: interval's lower end), the graph loop against the minimal accumulator, library code lines.
 RULE_FIT_TARGET, RULE_FIT_LOW, RULE_GRAPH_TARGET, RULE_CODE_LINES = 1.0, 0.95, 0.95, 2900
@@ -620,6 +667,7 @@ def _load_run(result_dir: str) -> dict[str, Any]:
     results = bm.load_results(os.path.join(result_dir, "results.json"))
     for key, file in (("nonfinite_cost", NONFINITE_COST_FILE),
                       ("accumulate_lm", ACCUMULATE_LM_FILE),
+                      ("split_fit", SPLIT_FIT_FILE),
                       ("profile_step", PROFILE_STEP_FILE)):
         if os.path.isfile(os.path.join(result_dir, file)):
             with open(os.path.join(result_dir, file), encoding="utf-8") as f:
@@ -687,6 +735,9 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
         if results.get("accumulate_lm"):
             lines += ["### A pretrained model's fit: `accumulate` against Keras's accumulation",
                       ""] + accumulate_lm_lines(results["accumulate_lm"]) + [""]
+        if results.get("split_fit"):
+            lines += ["### The recipe's batch in fit: `micro_batch_size` (issue 40)", ""]
+            lines += split_fit_lines(results["split_fit"]) + [""]
         lines += ["### Throughput (samples/s)", "",
                   "Median of the interleaved repeats (± half the range over the repeats, in % "
                   "of the median).", ""]

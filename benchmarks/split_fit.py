@@ -43,6 +43,9 @@ import tensorflow as tf  # noqa: E402
 import accumcore  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import suite  # noqa: E402
+
 MICRO, K = 16, 4
 KINDS = ("split", "keras_ga", "micro_steps", "plain_B")
 #: The targets of issue 40: split's throughput over each reference, per model.
@@ -54,7 +57,6 @@ MEMORY = {"filters": (64, 128), "micro": 32, "batch": 256}
 def _compiled(model_kind: str, kind: str) -> tuple[keras.Model, int, Any]:
     """``(model, fit's batch_size, data)`` for one configuration, compiled."""
     if model_kind == "lm":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import accumulate_lm as lm_bench
 
         micro, k = lm_bench.MICRO_BATCH, lm_bench.ACCUM_STEPS
@@ -120,7 +122,10 @@ def measure_memory() -> dict[str, Any]:
     out = {}
     for kind in ("plain_b", "split"):
         done = subprocess.run([sys.executable, __file__, "--memory-child", kind],
-                              capture_output=True, text=True, check=True)
+                              capture_output=True, text=True,
+                              env=suite.child_env("CPU:0"))  # allocator statistics on
+        if done.returncode:
+            raise RuntimeError(f"the memory child {kind!r} failed:\n{done.stderr[-3000:]}")
         out[kind] = json.loads(done.stdout.strip().splitlines()[-1])
     batch_input = out["split"]["input_bytes"] - out["plain_b"]["input_bytes"]
     bound = out["plain_b"]["peak_bytes"] + batch_input

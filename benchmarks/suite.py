@@ -737,7 +737,9 @@ def memory_child(method: str, b: int, k: int, filters: Sequence[int], device: st
     }
 
 
-def _child_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+def child_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a measuring child process on ``device`` (allocator statistics on
+    for a CPU)."""
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -755,7 +757,7 @@ def _run_child(args: list[str], device: str, tag: str, timeout: float,
     cmd = [sys.executable, os.path.abspath(__file__), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=_child_env(device, extra_env))
+                              env=child_env(device, extra_env))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     for line in proc.stdout.splitlines():

@@ -753,3 +753,35 @@ def test_profile_step_section_puts_the_window_gap_by_position():
                                 "Keras's: +300 µs in the micro-step that closes the window and "
                                 "+10 µs in the 3 that do not.")
     assert report.profile_step_lines(None) == []
+
+
+@pytest.mark.slow
+def test_split_fit_benchmark_measures_paired_ratios_and_memory(tmp_path):
+    """benchmarks/split_fit.py on 2 rounds of the MLP: every configuration timed per round, the
+    paired ratios with their intervals and the memory ratio written and rendered (never a
+    speed: a shared machine)."""
+    out = tmp_path / "split_fit.json"
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "split_fit.py")
+    subprocess.run([sys.executable, script, "--models", "mlp", "--rounds", "2", "--out",
+                    str(out)], check=True, timeout=900)
+    record = json.loads(out.read_text())
+    assert [len(v) for v in record["mlp"]["seconds"].values()] == [2, 2, 2, 2]
+    for p in record["mlp"]["ratios"].values():
+        assert p["low"] <= p["median"] <= p["high"] and p["rounds"] == 2
+    assert record["memory"]["split"]["peak_bytes"] > 0
+    lines = report.split_fit_lines(record)
+    assert sum(line.startswith("| mlp |") for line in lines) == 3
+    assert "Peak memory" in lines[-1]
+
+
+def test_split_fit_section_calls_a_target_met_only_when_the_interval_clears_it():
+    p = {"median": 1.6, "low": 1.52, "high": 1.7, "rounds": 21}
+    record = {"rounds": 21, "tensorflow": "2.21.0", "keras": "3.15.1",
+              "load_average": [[1.0, 1, 1], [1.2, 1, 1]],
+              "mlp": {"ratios": {"split/keras_ga": p}, "targets": {"keras_ga": 1.5}}}
+    assert report.split_fit_lines(record)[-1].endswith("| ≥ 1.5 | met |")
+    p["low"] = 1.4
+    assert report.split_fit_lines(record)[-1].endswith("| not shown (interval spans it) |")
+    p["high"] = 1.45
+    assert report.split_fit_lines(record)[-1].endswith("| **missed** |")
+    assert report.split_fit_lines(None) == []
