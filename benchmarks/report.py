@@ -234,15 +234,17 @@ def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
     if not record:
         return []
     lines = ["Same updates from the same samples in every configuration (B = 64 = 4 x 16 for "
-             "the MLP and the conv net, 32 = 4 x 8 for the KerasHub GPT-2): `python "
-             f"benchmarks/split_fit.py --models mlp conv lm --rounds {record['rounds']}` "
+             "the MLP and the conv net, 32 = 4 x 8 for the KerasHub GPT-2; `_jit`: every "
+             "configuration compiled with `jit_compile=True`, as Keras compiles on a GPU): "
+             f"`python benchmarks/split_fit.py --models mlp conv lm --jit --rounds "
+             f"{record['rounds']}` "
              f"(TensorFlow {record['tensorflow']}, Keras {record['keras']}; load average "
              f"{record['load_average'][0][0]:.1f} at the start, "
              f"{record['load_average'][-1][0]:.1f} at the end). Each round fits one epoch "
              "of every configuration in a rotating order.", "",
              "| model | throughput of split fit over | paired median [95 % interval] | target "
              "| |", "|---|---|---|---|---|"]
-    for model in ("mlp", "conv", "lm"):
+    for model in ("mlp", "conv", "lm", "mlp_jit", "conv_jit"):
         if model not in record:
             continue
         for name, p in record[model]["ratios"].items():

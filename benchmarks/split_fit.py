@@ -54,8 +54,9 @@ TARGETS = {"mlp": {"keras_ga": 1.5, "plain_B": 0.85}, "conv": {"keras_ga": 1.0, 
 MEMORY = {"filters": (64, 128), "micro": 32, "batch": 256}
 
 
-def _compiled(model_kind: str, kind: str) -> tuple[keras.Model, int, Any]:
-    """``(model, fit's batch_size, data)`` for one configuration, compiled."""
+def _compiled(model_kind: str, kind: str, jit: bool = False) -> tuple[keras.Model, int, Any]:
+    """``(model, fit's batch_size, data)`` for one configuration, compiled (with XLA if
+    ``jit``; not for ``lm``)."""
     if model_kind == "lm":
         import accumulate_lm as lm_bench
 
@@ -66,7 +67,7 @@ def _compiled(model_kind: str, kind: str) -> tuple[keras.Model, int, Any]:
         micro, k = MICRO, K
         model = bm.build_model(model_kind)
         gas = {"gradient_accumulation_steps": k} if kind == "keras_ga" else {}
-        model.compile(keras.optimizers.Adam(1e-3, **gas), bm.LOSS, jit_compile=False)
+        model.compile(keras.optimizers.Adam(1e-3, **gas), bm.LOSS, jit_compile=jit)
         x, y = bm.benchmark_data(model_kind, 4096 if model_kind == "mlp" else 1024, "synthetic")
         data = (x, y, None)
     if kind == "split":
@@ -84,9 +85,9 @@ def _epoch(model: keras.Model, batch: int, data: Any) -> float:
     return time.perf_counter() - start
 
 
-def measure_speed(model_kind: str, rounds: int) -> dict[str, Any]:
+def measure_speed(model_kind: str, rounds: int, jit: bool = False) -> dict[str, Any]:
     kinds = KINDS if model_kind != "lm" else ("split", "keras_ga", "micro_steps")
-    runs = {kind: _compiled(model_kind, kind) for kind in kinds}
+    runs = {kind: _compiled(model_kind, kind, jit) for kind in kinds}
     for run in runs.values():  # trace, then TensorFlow's own warm-up
         _epoch(*run)
         _epoch(*run)
@@ -96,7 +97,8 @@ def measure_speed(model_kind: str, rounds: int) -> dict[str, Any]:
             seconds[kind].append(_epoch(*runs[kind]))
     ratios = {f"split/{kind}": bm.paired_ratio(seconds[kind], seconds["split"])
               for kind in kinds if kind != "split"}
-    return {"seconds": seconds, "ratios": ratios, "targets": TARGETS[model_kind]}
+    return {"seconds": seconds, "ratios": ratios, "targets": TARGETS[model_kind],
+            "jit_compile": jit and model_kind != "lm"}
 
 
 def memory_child(kind: str) -> dict[str, Any]:
@@ -140,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                         choices=["mlp", "conv", "lm"])
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--jit", action="store_true",
+                        help="also time the MLP and the conv net with jit_compile=True (every "
+                        "configuration), as Keras compiles on a GPU")
     parser.add_argument("--memory-child", choices=["split", "plain_b"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -150,13 +155,17 @@ def main(argv: list[str] | None = None) -> int:
                               "rounds": args.rounds, "load_average": [os.getloadavg()],
                               "keras": keras.__version__, "tensorflow": tf.__version__}
     if not args.memory_only:
-        for model_kind in args.models:
-            record[model_kind] = result = measure_speed(model_kind, args.rounds)
-            for name, p in result["ratios"].items():
-                target = result["targets"].get(name.split("/")[1])
+        runs = [(m, False) for m in args.models]
+        runs += [(m, True) for m in args.models if args.jit and m != "lm"]
+        for model_kind, jit in runs:
+            name = model_kind + ("_jit" if jit else "")
+            record[name] = result = measure_speed(model_kind, args.rounds, jit)
+            for ratio, p in result["ratios"].items():
+                target = result["targets"].get(ratio.split("/")[1])
                 verdict = "" if target is None else (
                     f" (target >= {target}: {'met' if p['low'] >= target else 'not met'})")
-                print(f"{model_kind:5s} {name:18s} throughput {p['median']:.3f} "
+                print(f"{model_kind + ('_jit' if jit else ''):8s} {ratio:18s} throughput "
+                      f"{p['median']:.3f} "
                       f"[{p['low']:.3f}, {p['high']:.3f}]{verdict}", flush=True)
     record["memory"] = memory = measure_memory()
     print(f"memory: split peak {memory['split']['peak_bytes'] / 2**20:.1f} MiB, plain fit at b "
