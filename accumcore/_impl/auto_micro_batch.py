@@ -172,12 +172,13 @@ class _Snapshot:
                       for part in state.replicas.parts(v)]
         self.parts += [(v, tf.identity(v)) for v in variables]
         self.optimizer = model.optimizer
-        self.iterations = int(model.optimizer.iterations.numpy())
+        # a copy on the device: no host read (a GPU would wait for the step before it)
+        self.iterations = tf.identity(model.optimizer.iterations)
 
     def restore_or_raise(self, err: Exception) -> None:
         """Restore every value, or raise if the step's update had begun (then the trainable
         variables and the optimizer may be half-updated: nothing can rerun it exactly)."""
-        if int(self.optimizer.iterations.numpy()) != self.iterations:
+        if int(self.optimizer.iterations.numpy()) != int(self.iterations.numpy()):
             raise type(err)(err.node_def, err.op, (
                 "The step ran out of memory after its optimizer update began, so it cannot "
                 f"be rerun exactly: {err.message}")) from err
