@@ -171,10 +171,7 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
         "in brackets the rates **tied** with it": "defines the table's brackets",
         "are a tie, not a winner and a loser": "defines the page's noise rule",
         "one tied rate per batch size": "defines the exponent's range",
-        "over the ties; nearest rule": "the range over the tied rates (a definition)",
         "with the budget, beyond ties:": "names the rule the glued list was computed with",
-        "{glue:text}`sgd_alpha_high:.2f` over the ties),": "the range over the tied rates "
-                                                          "(a definition)",
     },
     "06b_gaps": {  # rewritten by another change: these hold for its current sentences
         "The window-level layer matches the large batch to float round-off":
