@@ -177,3 +177,28 @@ def test_no_page_of_the_book_holds_a_known_contradiction():
     assert not problems, "\n".join(problems)
     # every page named in the list exists (a renamed page would silently escape it)
     assert {p.stem for p in notebooks} >= set(checker.KNOWN_CONTRADICTIONS) - {"*"}
+
+
+# ---------------------------------------------------------------------------- measured comparisons
+def test_a_comparison_about_a_glued_measurement_needs_a_computed_verdict():
+    written = _page("It peaked at {glue:text}`peak:.1f` MiB and saved memory.")
+    assert checker.uncomputed_comparisons(written, {}) == [
+        "'saved' in: It peaked at {glue:text}`peak:.1f` MiB and saved memory."]
+    below = _page("Every ratio, at most {glue:text}`worst:.2f`, is below 1.")
+    assert len(checker.uncomputed_comparisons(below, {})) == 1
+    exactly = _page("The loop made exactly {glue:text}`n` updates.")
+    assert len(checker.uncomputed_comparisons(exactly, {})) == 1
+    # the verdict glued from the numbers passes, and so does an allowed (asserted) sentence
+    verdict = _page("It peaked at {glue:text}`peak:.1f` MiB: it {glue:text}`mixed_words`.")
+    assert checker.uncomputed_comparisons(verdict, {}) == []
+    asserted = _page("The loop made exactly {glue:text}`n` updates.", code="assert n == 3")
+    assert checker.uncomputed_comparisons(
+        asserted, {"The loop made exactly": "asserted: `assert n == 3`"}) == []
+
+
+def test_positional_words_and_sentences_without_a_measurement_pass():
+    assert checker.uncomputed_comparisons(_page(
+        "The table above shows {glue:text}`n` runs; the figure below plots them."), {}) == []
+    assert checker.uncomputed_comparisons(_page("The function below is exactly that loop."),
+                                          {}) == []
+    assert checker.uncomputed_comparisons(_page("It calls `apply` exactly once."), {}) == []
