@@ -173,8 +173,8 @@ class ResumableLoop:
             self.trainer.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
             return
         raise ValueError(
-            f"`dataset` for epoch {epoch} is empty: nothing to train on (and nothing to build "
-            "the model from)."
+            f"`dataset({epoch})`, for epoch {epoch + 1}, is empty: nothing to train on (and "
+            "nothing to build the model from)."
         )
 
     def _keep_sums(self) -> None:
@@ -463,8 +463,8 @@ class ExactBackupAndRestore(SkipTrainedBatches):
             expected = self.initial_epoch
             if epoch != expected:
                 raise ValueError(
-                    f"The backup in {self.backup_dir!r} resumes epoch {expected}, but `fit` "
-                    f"started at epoch {epoch}: pass `initial_epoch=callback.initial_epoch` "
+                    f"The backup in {self.backup_dir!r} resumes epoch {expected + 1}, but `fit` "
+                    f"started at epoch {epoch + 1}: pass `initial_epoch=callback.initial_epoch` "
                     "to fit (or use accumcore.checkpointing.fit_resumable)."
                 )
         elif self.skipping:

@@ -362,6 +362,7 @@ def test_exact_backup_rejects_bad_save_freq_and_a_wrong_initial_epoch(tmp_path, 
     backup = ExactBackupAndRestore(tmp_path / "b", save_freq=2, delete_checkpoint=False)
     model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[backup])
     assert backup.initial_epoch == 1 and backup.batches_done == 4
-    with pytest.raises(ValueError, match="resumes epoch 1.*pass `initial_epoch="):
+    with pytest.raises(ValueError, match="resumes epoch 2, but `fit` started at "
+                                         "epoch 1: pass `initial_epoch="):
         model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
                   callbacks=[ExactBackupAndRestore(tmp_path / "b", save_freq=2)])

@@ -158,3 +158,64 @@ def test_a_warning_in_an_output_fires_unless_the_cell_expects_it():
     assert len(checks.page_problems(dict(_CLEAN_PAGE, outputs=[logged]))) == 1
     expected = [dict(warning, tags=["expect-warning"]), dict(logged, tags=["expect-warning"])]
     assert checks.page_problems(dict(_CLEAN_PAGE, outputs=expected)) == []
+
+
+# ---------------------------------------------------------------------------- the API page
+def _load_api_docstrings():
+    path = ROOT / "scripts" / "api_docstrings.py"
+    spec = importlib.util.spec_from_file_location("api_docstrings", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _api_page_objects():
+    """The objects book/api.md documents (its autodoc directives), each with its members'."""
+    import inspect
+    import re
+
+    found = []
+    for name in re.findall(r"\.\. auto\w+:: ([\w.]+)", (BOOK / "api.md").read_text()):
+        module, _, attribute = name.rpartition(".")
+        try:
+            obj = importlib.import_module(name)  # a module (accumcore.memory)
+        except ImportError:
+            obj = getattr(importlib.import_module(module), attribute)
+        found.append((name, obj))
+        members = vars(obj).items() if inspect.isclass(obj) or inspect.ismodule(obj) else ()
+        for key, value in members:
+            if not key.startswith("_"):
+                found.append((f"{name}.{key}", value.fget if isinstance(value, property)
+                              else value))
+    return found
+
+
+def test_the_api_page_shows_no_internal_module_names():
+    """What autodoc puts on the API page, after scripts/api_docstrings.py, names no
+    ``accumcore._impl`` module; the docstrings themselves do (at least one, or this test
+    checks nothing)."""
+    import inspect
+
+    public_text = _load_api_docstrings().public_text
+    raw = left = 0
+    for name, obj in _api_page_objects():
+        doc = inspect.getdoc(obj) or ""
+        raw += "accumcore._impl" in doc
+        if "_impl" in public_text(doc):
+            left += 1
+            print(name, [line for line in public_text(doc).splitlines() if "_impl" in line])
+    assert raw >= 5 and left == 0
+
+
+def test_the_api_docstring_filter_rewrites_each_form():
+    public_text = _load_api_docstrings().public_text
+    assert public_text("the rule (``accumcore._impl.rule.step``). Next") == "the rule. Next"
+    assert public_text("does (``accumcore._impl.nonfinite``: what counts)") == \
+        "does (what counts)"
+    assert public_text("by (``accumcore._impl.fitting.x``; Keras's own)") == "by (Keras's own)"
+    assert public_text("given; see ``accumcore._impl.d.a`` and\n ``accumcore._impl.d.b``.") \
+        == "given."
+    assert public_text("the scalars of ``accumcore._impl.state.SCALARS``:") == \
+        "the scalars of ``SCALARS``:"
+    assert public_text(":class:`~accumcore._impl.rule.Plan` for") == "``Plan`` for"
+    assert public_text("``accumcore.flush`` stays") == "``accumcore.flush`` stays"

@@ -5,7 +5,8 @@ the README's quickstart runs, and the browser check finds (or refuses to skip) a
   (``tests/test_x.py::test_y``, a test file ``tests/test_x.py``, or a notebook
   ``book/NN_x.ipynb``) names a test that exists, so a rename cannot leave a dead reference.
   Every section of a Reference page (``book/reference/*.md``) that makes claims in a table names
-  the test files that check it, on one line at its end (``Tested in `tests/test_x.py` ...``),
+  the test files that check it, on one comment line at its end (``% Tested in
+  `tests/test_x.py` ...``: MyST does not render it, so readers never see it),
   and no other line of the section cites a test; every such table sits in a ``ref-table``
   container (the browser check measures those).
 * The repository URL: ``Repository`` in ``pyproject.toml`` is the one source of truth; every
@@ -144,7 +145,7 @@ def rows_without_a_test(text: str) -> list[str]:
 #: Reference pages whose tables still name a test in every row (the rule before one line per
 #: section); a page leaves this set when it is rewritten to the section rule.
 ROW_CITATIONS: set[str] = set()
-TESTED_IN = "Tested in "
+TESTED_IN = "% Tested in "  # a MyST comment: kept in the source, off the rendered page
 
 
 def sections(text: str) -> list[tuple[int, str, str]]:
@@ -200,16 +201,16 @@ def test_every_reference_section_names_its_tests():
 def test_a_section_without_its_tests_is_reported():
     table = "| What | Result |\n| --- | --- |\n| held | yes |\n"
     wrapped = f":::{{container}} ref-table\n{table}:::\n"
-    good = (f"# Page\n\nLead.\n\n## One\n\n{wrapped}\nTested in `tests/test_a.py`.\n\n"
+    good = (f"# Page\n\nLead.\n\n## One\n\n{wrapped}\n% Tested in `tests/test_a.py`.\n\n"
             "## Prose only\n\nNo table, no test.\n\n```bash\n# a comment, not a heading\n```\n")
     assert section_problems(good) == []
     untested = f"# Page\n\n## One\n\n{wrapped}"
     assert [p.split(":")[0] for p in section_problems(untested)] == ["line 3 '## One'"]
     in_a_row = wrapped.replace("| held | yes |", "| held | `tests/test_a.py::test_b` |")
-    assert len(section_problems(f"## One\n\n{in_a_row}\nTested in `tests/test_a.py`.\n")) == 1
-    twice = f"## One\n\n{wrapped}\nTested in `tests/test_a.py`.\nTested in `tests/test_b.py`.\n"
+    assert len(section_problems(f"## One\n\n{in_a_row}\n% Tested in `tests/test_a.py`.\n")) == 1
+    twice = f"## One\n\n{wrapped}\n% Tested in `tests/test_a.py`.\n% Tested in `tests/test_b.py`.\n"
     assert len(section_problems(twice)) == 1
-    bare = f"## One\n\n{table}\nTested in `tests/test_a.py`.\n"  # no ref-table container
+    bare = f"## One\n\n{table}\n% Tested in `tests/test_a.py`.\n"  # no ref-table container
     assert len(section_problems(bare)) == 1
     # the heading inside the code block did not open a section: "## Prose only" holds it
     assert [h for _, h, _ in sections(good)] == ["(lead)", "# Page", "## One", "## Prose only"]

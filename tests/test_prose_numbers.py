@@ -132,3 +132,73 @@ def test_every_page_of_the_book_computes_its_comparison_words():
                     checker.ALLOWED_COMPARISONS.get(path.stem, {}))]
     assert not problems, "\n".join(problems)
     assert set(checker.ALLOWED_COMPARISONS) <= {path.stem for path in notebooks}
+
+
+# ---------------------------------------------------------------------------- known contradictions
+def test_a_known_contradiction_fails_written_or_glued():
+    written = _page("## Speed\n\nEvery bar is below 1. A small batch ...")
+    assert len(checker.known_contradictions("07_memory_speed", written)) == 1
+    glued = {"cells": [{"cell_type": "code", "source": "", "metadata": {}, "outputs": [{
+        "output_type": "display_data", "metadata": {"scrapbook": {"name": "mixed_words"}},
+        "data": {"application/papermill.record/text/plain":
+                 "'saved little or no memory (25 % more)'"}}]}]}
+    assert len(checker.known_contradictions("guide_alternatives", glued)) == 1
+    # a page-wide entry fires on any page; the same words pass on a page they do not concern
+    assert checker.known_contradictions("04_x", _page("Tested in `tests/test_a.py`."))
+    assert checker.known_contradictions("04_x", _page("Every bar is below 1.")) == []
+
+
+def test_the_rewritten_sentences_pass():
+    rewritten = _page("{glue:text}`bars_verdict`. A small batch", "15 of the 16 bars are "
+                      "below 1; the other one is above 1 by less than the repeats' spread")
+    assert checker.known_contradictions("07_memory_speed", rewritten) == []
+    assert checker.known_contradictions("05_lr_sweeps", _page("exponent 0.32, 0.20 to 0.45 "
+                                                              "over the ties")) == []
+    assert checker.known_contradictions("05_lr_sweeps", _page("exponent 0.32 (0.32 to 0.32 "
+                                                              "over the ties)")) != []
+
+
+def test_main_fails_on_a_known_contradiction(tmp_path, capsys):
+    page = _page("It saved 45 % of memory.", "45 %")
+    (tmp_path / "guide_resume.ipynb").write_text(json.dumps(_page(
+        "The run crashed in epoch 1 (counting from 0).")))
+    (tmp_path / "04_x.ipynb").write_text(json.dumps(page))
+    assert checker.main([str(tmp_path)]) == 1
+    assert "guide_resume: known contradiction returned: 'counting from 0'" in \
+        capsys.readouterr().out
+
+
+def test_no_page_of_the_book_holds_a_known_contradiction():
+    """The sources (markdown only: outputs exist after a build, where the build checks them)."""
+    notebooks = sorted(BOOK.glob("*.ipynb"))
+    problems = [f"{path.stem}: {problem}" for path in notebooks
+                for problem in checker.known_contradictions(
+                    path.stem, json.loads(path.read_text(encoding="utf-8")), outputs=False)]
+    assert not problems, "\n".join(problems)
+    # every page named in the list exists (a renamed page would silently escape it)
+    assert {p.stem for p in notebooks} >= set(checker.KNOWN_CONTRADICTIONS) - {"*"}
+
+
+# ---------------------------------------------------------------------------- measured comparisons
+def test_a_comparison_about_a_glued_measurement_needs_a_computed_verdict():
+    written = _page("It peaked at {glue:text}`peak:.1f` MiB and saved memory.")
+    assert checker.uncomputed_comparisons(written, {}) == [
+        "'saved' in: It peaked at {glue:text}`peak:.1f` MiB and saved memory."]
+    below = _page("Every ratio, at most {glue:text}`worst:.2f`, is below 1.")
+    assert len(checker.uncomputed_comparisons(below, {})) == 1
+    exactly = _page("The loop made exactly {glue:text}`n` updates.")
+    assert len(checker.uncomputed_comparisons(exactly, {})) == 1
+    # the verdict glued from the numbers passes, and so does an allowed (asserted) sentence
+    verdict = _page("It peaked at {glue:text}`peak:.1f` MiB: it {glue:text}`mixed_words`.")
+    assert checker.uncomputed_comparisons(verdict, {}) == []
+    asserted = _page("The loop made exactly {glue:text}`n` updates.", code="assert n == 3")
+    assert checker.uncomputed_comparisons(
+        asserted, {"The loop made exactly": "asserted: `assert n == 3`"}) == []
+
+
+def test_positional_words_and_sentences_without_a_measurement_pass():
+    assert checker.uncomputed_comparisons(_page(
+        "The table above shows {glue:text}`n` runs; the figure below plots them."), {}) == []
+    assert checker.uncomputed_comparisons(_page("The function below is exactly that loop."),
+                                          {}) == []
+    assert checker.uncomputed_comparisons(_page("It calls `apply` exactly once."), {}) == []

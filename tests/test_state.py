@@ -148,3 +148,20 @@ def test_counters_account_for_every_sample(data):
     assert c["micro_batches_seen"] == 3 * 3
     assert c["windows_applied"] == 3 * 2  # [16, 16] and the flushed [8] per epoch
     assert int(trainer.optimizer.iterations.numpy()) == c["windows_applied"]
+
+
+def test_a_dropped_window_is_logged_with_the_epoch_counted_from_1(caplog):
+    """end_of_epoch='drop' names the epoch that ended as a reader counts it: epoch 0 of
+    Keras's callbacks is "epoch 1". Catches the 0-based number in the warning."""
+    import logging
+
+    model = small_mlp()
+    optimizer = keras.optimizers.SGD(0.1)
+    state = ac.AccumulationState(4)
+    state.build(model.trainable_variables)
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    state.step(grads, 8.0, 8, optimizer, model.trainable_variables)  # 1 of 4: pending
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        assert state.end_epoch("drop", optimizer, epoch=0) == "dropped"
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert message.endswith("(8 samples) at the end of epoch 1.")

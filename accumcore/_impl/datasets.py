@@ -192,7 +192,7 @@ class EpochSource:
             warnings.warn(
                 f"Your input ran out of data after {drawn} of "
                 f"steps_per_epoch={self.steps_per_epoch} micro-batches in epoch "
-                f"{epoch}: this epoch ends early and the next starts a new "
+                f"{epoch + 1}: this epoch ends early and the next starts a new "
                 "pass over the data (as `model.fit`). Make sure the dataset can "
                 "give `steps_per_epoch * epochs` micro-batches, e.g. with "
                 "`.repeat()`.",

@@ -257,6 +257,6 @@ def close_epoch(trainer: Any, book: HistoryBook, windows_before: int) -> None:
 def empty_epoch_error(epoch: int) -> ValueError:
     """The error for an epoch (0-based ``epoch``) in which the data yielded no micro-batch."""
     return ValueError(
-        f"`dataset` yielded no micro-batches in epoch {epoch}: it is empty (or an exhausted "
+        f"`dataset` yielded no micro-batches in epoch {epoch + 1}: it is empty (or an exhausted "
         "iterator). Pass a dataset that can be iterated once per epoch."
     )

@@ -98,7 +98,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._saw_batch is False:
             raise ValueError(
-                f"The training data (`x`) yielded no batches in epoch {epoch}: it is empty (or "
+                f"The training data (`x`) yielded no batches in epoch {epoch + 1}: it is empty (or "
                 "a dataset exhausted by `steps_per_epoch`). Pass non-empty data, or `.repeat()` "
                 "the dataset when giving `steps_per_epoch`."
             )

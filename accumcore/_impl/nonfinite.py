@@ -224,7 +224,7 @@ class Stop:
             return None
         unused = micro_batches_seen - first - count
         variable = names[index] if 0 <= index < len(names) else "<window weight or flagged>"
-        where = f"epoch {epoch}, " if epoch is not None else ""
+        where = f"epoch {epoch + 1}, " if epoch is not None else ""
         return NonFiniteGradientError(
             f"Non-finite gradient (NaN or Inf, or elements summing beyond the float range) in "
             f"{where}window {window} (micro-batches {first} to {first + count - 1} of the run); "

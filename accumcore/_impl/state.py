@@ -394,7 +394,7 @@ class AccumulationState(tf.Module):
             return None
         if policy == "apply":
             return "applied" if bool(self.apply_window(optimizer, variables)) else "skipped"
-        where = f" at the end of epoch {epoch}" if epoch is not None else ""
+        where = f" at the end of epoch {epoch + 1}" if epoch is not None else ""
         if policy == "drop":
             logger.warning(
                 "end_of_epoch='drop': discarding a partial window of %d micro-batches "
