@@ -220,12 +220,6 @@ def accumulate_lm_lines(record: dict[str, Any] | None) -> list[str]:
 
 #: ``python benchmarks/split_fit.py --out`` 's file in a results directory, if run there.
 SPLIT_FIT_FILE = "split_fit.json"
-#: What each reference is, in split_fit.json's ratio names.
-_SPLIT_REFERENCES = {"keras_ga": "Keras's `gradient_accumulation_steps`, fit batches of b",
-                     "micro_steps": "`accumulate(accum_steps=K)`, fit batches of b",
-                     "plain_B": "plain `fit` at B (no accumulation)"}
-
-
 def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
     """``benchmarks/split_fit.py``'s figures: ``fit`` with ``micro_batch_size`` (the batch of B
     split inside the step) over each reference, paired per round with the 95 % interval, the
@@ -244,17 +238,13 @@ def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
              "of every configuration in a rotating order.", "",
              "| model | throughput of split fit over | paired median [95 % interval] | target "
              "| |", "|---|---|---|---|---|"]
-    for model in ("mlp", "conv", "lm", "mlp_jit", "conv_jit"):
-        if model not in record:
-            continue
-        for name, p in record[model]["ratios"].items():
-            reference = name.split("/")[1]
-            target = record[model]["targets"].get(reference)
-            verdict = "" if target is None else ("met" if p["low"] >= target else (
-                "**missed**" if p["high"] < target else "not shown (interval spans it)"))
-            lines.append(f"| {model} | {_SPLIT_REFERENCES[reference]} | {p['median']:.3f} "
-                         f"[{p['low']:.3f}, {p['high']:.3f}] | "
-                         f"{'' if target is None else f'≥ {target:g}'} | {verdict} |")
+    words = {"met": "met", "missed": "**missed**", "undecided": "not shown (interval spans it)",
+             None: ""}
+    for r in bm.split_fit_rows(record):
+        target = "" if r["target"] is None else f"≥ {r['target']:g}"
+        lines.append(f"| {r['model']} | {bm.SPLIT_FIT_REFERENCES[r['reference']]} | "
+                     f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {target} | "
+                     f"{words[r['verdict']]} |")
     memory = record.get("memory")
     if memory:
         s = memory["settings"]

@@ -785,3 +785,39 @@ def test_split_fit_section_calls_a_target_met_only_when_the_interval_clears_it()
     p["high"] = 1.45
     assert report.split_fit_lines(record)[-1].endswith("| **missed** |")
     assert report.split_fit_lines(None) == []
+
+
+def _split_record() -> dict:
+    ratio = {"median": 1.6, "low": 1.52, "high": 1.7, "rounds": 21}
+    return {"mlp": {"ratios": {"split/keras_ga": dict(ratio),
+                               "split/plain_B": {**ratio, "median": 0.8, "low": 0.7,
+                                                 "high": 0.9},
+                               "split/micro_steps": dict(ratio)},
+                    "targets": {"keras_ga": 1.5, "plain_B": 0.85}}}
+
+
+def test_split_fit_rows_judge_each_target_by_the_interval():
+    rows = {r["reference"]: r for r in bm.split_fit_rows(_split_record())}
+    assert rows["keras_ga"]["verdict"] == "met"  # 1.52 >= 1.5
+    assert rows["plain_B"]["verdict"] == "undecided"  # 0.7 < 0.85 <= 0.9
+    assert rows["micro_steps"]["verdict"] is None and rows["micro_steps"]["target"] is None
+    record = _split_record()
+    record["mlp"]["ratios"]["split/plain_B"]["high"] = 0.84
+    assert {r["reference"]: r for r in bm.split_fit_rows(record)}["plain_B"]["verdict"] == (
+        "missed")
+
+
+def test_split_fit_plot_has_a_bar_per_ratio_targets_and_labels():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ax = bm.plot_split_fit(_split_record())
+    try:
+        assert ax.get_title() and ax.get_xlabel()
+        assert sorted(round(p.get_width(), 6) for p in ax.patches) == [0.8, 1.6, 1.6]
+        assert len(ax.get_yticklabels()) == 3
+        assert any(c.get_offsets().shape[0] == 2 for c in ax.collections)  # two targets
+    finally:
+        plt.close(ax.figure)

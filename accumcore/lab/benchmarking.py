@@ -996,3 +996,63 @@ def plot_memory(results: dict, ax=None):
                          ylabel="peak allocator memory (MiB)")
     ax.set_xticks(ks, [str(k) for k in ks])
     return ax
+
+
+# ---------------------------------------------------------------------------- split fit
+#: What each reference of ``benchmarks/split_fit.py`` is, by its name in the record's ratios.
+SPLIT_FIT_REFERENCES = {
+    "keras_ga": "Keras's gradient_accumulation_steps (fit batches of b)",
+    "micro_steps": "accumulate(accum_steps=K) (fit batches of b)",
+    "plain_B": "plain fit at B (no accumulation)",
+}
+
+
+def split_fit_rows(record: dict) -> list[dict[str, Any]]:
+    """One row per (model, reference) of a ``benchmarks/split_fit.py`` record: the paired
+    throughput ratio of split fit over the reference (``median``, ``low``, ``high``: its 95 %
+    interval), the ``target`` (``None`` where there is none) and the ``verdict``: ``"met"``
+    when the interval's lower end reaches the target, ``"missed"`` when its upper end stays
+    below it, ``"undecided"`` when the interval spans it (``None`` without a target)."""
+    rows = []
+    for model in ("mlp", "conv", "lm", "mlp_jit", "conv_jit"):
+        if model not in record:
+            continue
+        for name, p in record[model]["ratios"].items():
+            reference = name.split("/")[1]
+            target = record[model]["targets"].get(reference)
+            verdict = None if target is None else (
+                "met" if p["low"] >= target else "missed" if p["high"] < target
+                else "undecided")
+            rows.append({"model": model, "reference": reference, "median": p["median"],
+                         "low": p["low"], "high": p["high"], "target": target,
+                         "verdict": verdict})
+    return rows
+
+
+def plot_split_fit(record: dict, ax=None):
+    """Split fit's throughput over each reference, per model: the paired median with its
+    95 % interval, 1 (as fast) and each target marked."""
+    import matplotlib.pyplot as plt
+
+    rows = split_fit_rows(record)
+    if not rows:
+        raise ValueError("No split-fit results to plot.")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.5))
+    labels = [f"{r['model']}: over {SPLIT_FIT_REFERENCES[r['reference']]}" for r in rows]
+    y = np.arange(len(rows))[::-1]
+    medians = np.array([r["median"] for r in rows])
+    errors = np.array([[r["median"] - r["low"] for r in rows],
+                       [r["high"] - r["median"] for r in rows]])
+    ax.barh(y, medians, xerr=errors, color="#4c72b0", capsize=3,
+            label="paired median, 95 % interval")
+    targets = [(yi, r["target"]) for yi, r in zip(y, rows, strict=True) if r["target"]]
+    if targets:
+        ax.scatter([t for _, t in targets], [yi for yi, _ in targets], marker="|", s=400,
+                   color="#c44e52", zorder=3, label="target")
+    ax.axvline(1.0, color="gray", linestyle="--", linewidth=1, label="1 = as fast")
+    ax.set_yticks(y, labels)
+    ax.set_xlabel("throughput ratio, split fit / reference (samples/s over samples/s)")
+    ax.set_title("fit with micro_batch_size against its references (higher is faster)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, frameon=False)
+    return ax
