@@ -328,13 +328,15 @@ class AccumModel(keras.Model):
         return fitting.train_step(self, super().train_step, data)
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
-        """``keras.Model.train_on_batch``, which here runs ONE micro-batch (one ``train_step``).
+        """``keras.Model.train_on_batch``: one ``train_step``. With ``micro_batch_size`` the
+        batch is split inside it and one update is made, as a plain model's would be.
 
-        The optimizer steps on every ``accum_steps``-th call, with the mean gradient of the
-        last K batches: K calls with b samples each equal one ``train_on_batch`` of the K * b
-        samples on a plain model. The calls in between only accumulate; the returned loss is
-        this micro-batch's. A partial window is applied by ``model.flush()``. A
-        non-finite gradient raises ``NonFiniteGradientError`` here, as in ``fit``.
+        With ``accum_steps`` it runs ONE micro-batch: the optimizer steps on every
+        ``accum_steps``-th call, with the mean gradient of the last K batches: K calls with b
+        samples each equal one ``train_on_batch`` of the K * b samples on a plain model. The
+        calls in between only accumulate; the returned loss is this micro-batch's. A partial
+        window is applied by ``model.flush()``. A non-finite gradient raises
+        ``NonFiniteGradientError`` here, as in ``fit``.
         """
         return fitting.train_on_batch(self, super().train_on_batch, *args, **kwargs)
 

@@ -442,8 +442,9 @@ def fit(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
 
 
 def train_on_batch(model: keras.Model, base: Callable, *args: Any, **kwargs: Any):
-    """``train_on_batch``, which runs ONE micro-batch (one ``train_step``); a non-finite
-    gradient raises ``NonFiniteGradientError`` here, as in ``fit``."""
+    """``train_on_batch``: one ``train_step`` (one micro-batch with ``accum_steps``; the whole
+    batch, split, with ``micro_batch_size``); a non-finite gradient raises
+    ``NonFiniteGradientError`` here, as in ``fit``."""
     result = base(*args, **kwargs)
     model.accumulation.raise_if_nonfinite()
     return result
