@@ -245,6 +245,15 @@ def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
         lines.append(f"| {r['model']} | {bm.SPLIT_FIT_REFERENCES[r['reference']]} | "
                      f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {target} | "
                      f"{words[r['verdict']]} |")
+    xla = record.get("xla_loop")
+    if xla:
+        lines += ["", "Why `conv_jit` is slow: under XLA on this CPU, the conv net's gradient for "
+                  f"one micro-batch of 64 took {xla['conv_in_loop_ms']:.1f} ms inside a "
+                  f"one-iteration `tf.while_loop` against {xla['conv_direct_ms']:.1f} ms "
+                  f"compiled directly ({xla['conv_in_loop_ms'] / xla['conv_direct_ms']:.1f} x; "
+                  f"the MLP's: {xla['mlp_in_loop_ms']:.2f} against {xla['mlp_direct_ms']:.2f} "
+                  "ms). The split step runs its micro-batches in such a loop; Keras compiles "
+                  "with XLA by default only on a GPU."]
     memory = record.get("memory")
     if memory:
         s = memory["settings"]

@@ -101,6 +101,37 @@ def measure_speed(model_kind: str, rounds: int, jit: bool = False) -> dict[str, 
             "jit_compile": jit and model_kind != "lm"}
 
 
+def measure_xla_loop(repeats: int = 10) -> dict[str, Any]:
+    """One micro-batch's gradient under XLA, compiled directly and inside a one-iteration
+    ``tf.while_loop`` (what the split step compiles), ms per call: XLA on a CPU runs a
+    convolution's backward pass inside a loop far slower than at the top level."""
+    out = {}
+    for model_kind in ("mlp", "conv"):
+        model = bm.build_model(model_kind)
+        x, y = (tf.constant(a) for a in bm.benchmark_data(model_kind, 64, "synthetic"))
+        loss = keras.losses.get(bm.LOSS)
+
+        def gradient_sum(x, y, model=model, loss=loss):
+            with tf.GradientTape() as tape:
+                value = tf.reduce_mean(loss(y, model(x, training=True)))
+            return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(
+                value, model.trainable_variables)])
+
+        def looped(x, y, gradient_sum=gradient_sum):
+            return tf.while_loop(lambda i, total: i < 1,
+                                 lambda i, total: (i + 1, total + gradient_sum(x, y)),
+                                 (0, 0.0))[1]
+
+        for name, fn in (("direct", gradient_sum), ("in_loop", looped)):
+            compiled = tf.function(fn, jit_compile=True)
+            compiled(x, y).numpy()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                compiled(x, y).numpy()
+            out[f"{model_kind}_{name}_ms"] = 1000 * (time.perf_counter() - start) / repeats
+    return out
+
+
 def memory_child(kind: str) -> dict[str, Any]:
     """One step's peak memory of ``kind`` (``"split"`` or ``"plain_b"``), in this process."""
     filters, micro, batch = MEMORY["filters"], MEMORY["micro"], MEMORY["batch"]
@@ -167,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{model_kind + ('_jit' if jit else ''):8s} {ratio:18s} throughput "
                       f"{p['median']:.3f} "
                       f"[{p['low']:.3f}, {p['high']:.3f}]{verdict}", flush=True)
+    if args.jit and not args.memory_only:
+        record["xla_loop"] = xla = measure_xla_loop()
+        print("XLA, one micro-batch's gradient, ms: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in xla.items()), flush=True)
     record["memory"] = memory = measure_memory()
     print(f"memory: split peak {memory['split']['peak_bytes'] / 2**20:.1f} MiB, plain fit at b "
           f"{memory['plain_b']['peak_bytes'] / 2**20:.1f} MiB + the batch's inputs: ratio "

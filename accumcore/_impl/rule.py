@@ -194,9 +194,12 @@ def micro_batches(batch: tuple, size: int, body: Callable, totals: tuple) -> tup
     time: ``parallel_iterations=1``, so only one micro-batch's activations are alive, and the
     graph does not grow with their number), then the ``n % size`` samples left, if any. Every
     slice has a static size where the batch's is static, so XLA never clamps a slice that runs
-    past the batch's end (it would silently re-read samples).
+    past the batch's end (it would silently re-read samples). A batch known to fit in one
+    micro-batch runs without the loop.
     """
     n_static = first_leaf(batch[0]).shape[0]
+    if n_static is not None and n_static <= size:  # one micro-batch: no loop (XLA on a CPU
+        return body(batch, totals)  # runs a convolution inside a loop far slower)
     n = tf.shape(first_leaf(batch[0]))[0]
     full = n // size
 
