@@ -163,8 +163,13 @@ def train_entry(entry: str, make_opt: Callable, x, y, sw, micro: int, k: int,
 
 
 def assert_matches_reference(model, initial, reference, tol: float = REL_TOL) -> float:
-    """Asserts the model's weights are within ``tol`` (relative) of ``reference``."""
+    """Asserts the model's weights are within ``tol`` (relative) of ``reference``; with
+    ``$ACCUMCORE_REL_LOG`` set, appends the test's name and the error to that file (for the
+    notes that list each case's measured error)."""
     rel = relative_error(get_weights(model), reference, initial)
+    if os.environ.get("ACCUMCORE_REL_LOG"):
+        with open(os.environ["ACCUMCORE_REL_LOG"], "a", encoding="utf-8") as log:
+            log.write(f"{os.environ.get('PYTEST_CURRENT_TEST', '?').split(' ')[0]} {rel:.2e}\n")
     assert rel <= tol, f"relative weight error {rel:.3g} > {tol:g}"
     return rel
 
