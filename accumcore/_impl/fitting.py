@@ -484,7 +484,8 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     size = state.micro_batch_size
     if size is not None:
         n = tf.shape(first_leaf(x))[0]
-        rule.one_window(state, model.optimizer, (x, y, sample_weight), size,
+        rule.one_window(state, model.optimizer, model.trainable_variables,
+                        (x, y, sample_weight), size,
                         functools.partial(_micro_batch, model,
                                           micro_batches=(n + size - 1) // size))
         logs = model.get_metrics_result()

@@ -158,7 +158,8 @@ def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples
         window, counters, plan, optimizer, accumulated, present, force=False))
 
 
-def one_window(state, optimizer, batch: tuple, size: int, contribute: Callable) -> tuple:
+def one_window(state, optimizer, variables: Sequence, batch: tuple, size: int,
+               contribute: Callable) -> tuple:
     """One batch as one window, in one traced step: the batch cut into micro-batches of
     ``size`` samples (the last may be smaller: :func:`micro_batches`), each added
     (``state.accumulate``), then the window closed once (``state.apply_window``).
@@ -166,6 +167,7 @@ def one_window(state, optimizer, batch: tuple, size: int, contribute: Callable) 
     Args:
         state: the ``AccumulationState`` (built, its window empty).
         optimizer: the Keras optimizer the window is applied with.
+        variables: the model's trainable variables now (must be those accumulated).
         batch: ``(x, y, sample_weight)`` of the whole batch (``y``, ``sample_weight`` may be
             ``None``); the leading dimension of every tensor is the batch's samples.
         size: b, samples per micro-batch (a Python int: every micro-batch but the last has
@@ -177,6 +179,7 @@ def one_window(state, optimizer, batch: tuple, size: int, contribute: Callable) 
         ``(loss, applied)``: the batch's mean loss ``sum c_i L_i / sum c_i`` (float32 scalar)
         and whether an optimizer update was applied (bool scalar).
     """
+    check_variables(state.variables_accumulated, variables)
 
     def add_one(micro_batch: tuple, totals: tuple) -> tuple:
         out = contribute(*micro_batch)
