@@ -20,16 +20,16 @@ __version__ = "0.1.0"
 def _check_tensorflow() -> None:
     """Raises ``ImportError`` naming the versions found and supported unless TF/Keras fit.
 
-    Supported: TensorFlow >= 2.19 with Keras >= 3.10 (Keras 3 on the TensorFlow backend), the
+    Supported: TensorFlow >= 2.20 with Keras >= 3.13 (Keras 3 on the TensorFlow backend), the
     oldest stack CI runs; newer releases are not refused. The tested stacks are listed on the
-    book's "Supported versions" page (``book/reference/versions.md``), and TF 2.16-2.18 there
+    book's "Supported versions" page (``book/reference/versions.md``), and TF 2.16-2.19 there
     with why they are not supported.
     """
     import re
 
     supported = (
-        "accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 on the TensorFlow backend "
-        "(tested: TF 2.21.0 + Keras 3.15.1, TF 2.20.0 + Keras 3.13.2, TF 2.19.0 + Keras 3.10.0)"
+        "accumcore supports TensorFlow >= 2.20 with Keras >= 3.13 on the TensorFlow backend "
+        "(tested: TF 2.21.0 + Keras 3.15.1, TF 2.20.0 + Keras 3.13.2)"
     )
 
     def major_minor(version: str) -> tuple[int, int]:
@@ -48,13 +48,13 @@ def _check_tensorflow() -> None:
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise ImportError(
             f"{supported}; found TensorFlow {tf.__version__} and no Keras ({err}). Install it "
-            "with `pip install \"keras>=3.10\"`."
+            "with `pip install \"keras>=3.13\"`."
         ) from err
     found = f"found TensorFlow {tf.__version__} with Keras {keras.__version__}"
-    if major_minor(tf.__version__) < (2, 19) or major_minor(keras.__version__) < (3, 10):
+    if major_minor(tf.__version__) < (2, 20) or major_minor(keras.__version__) < (3, 13):
         raise ImportError(
-            f"{supported}; {found}. Upgrade with `pip install -U \"tensorflow>=2.19\" "
-            "\"keras>=3.10\"` (Keras 2 / tf.keras is not supported)."
+            f"{supported}; {found}. Upgrade with `pip install -U \"tensorflow>=2.20\" "
+            "\"keras>=3.13\"` (Keras 2 / tf.keras is not supported)."
         )
     backend = keras.backend.backend()
     if backend != "tensorflow":

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Extra CI legs: accumcore on the other TensorFlow/Keras stacks it supports (called at the end of
+# Extra CI legs: accumcore on the other TensorFlow/Keras stacks it supports (called by
 # scripts/test.sh, whose main leg runs the pinned newest stack of requirements.txt). The stacks
 # and what runs on each are listed for readers in book/reference/versions.md
 # (tests/test_stacks.py checks that page, the README and `import accumcore` against LEGS below).
@@ -11,16 +11,23 @@
 #
 #   colab    tensorflow-cpu 2.20.0 + keras 3.13.2 + keras-hub 0.26.0: Colab's GPU runtime
 #            (googlecolab/backend-info pip-freeze.gpu.txt, read 2026-08-19; Python 3.13 there,
-#            3.11 here). The fast unit tests (pytest -m "not slow": all but the multi-process
+#            3.11 here), also the declared minimum (the oldest stack `import accumcore`
+#            accepts). The fast unit tests (pytest -m "not slow": all but the multi-process
 #            and soak tests) and every notebook in quick mode under nbval (--nbval-lax).
-#   minimum  tensorflow-cpu 2.19.0 + keras 3.10.0: the oldest stack `import accumcore` accepts.
-#            The fast unit tests. keras-hub 0.21.1, the newest that allows Keras 3.10.
 #
 # Usage: bash scripts/test-stacks.sh [LEG...]              (no argument: every leg, in order)
 #        STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh   (create/refresh the venvs only, in
 #                                                          parallel: scripts/test.sh runs this
 #                                                          in the background)
+#        STACKS_PART=fast|nbval bash scripts/test-stacks.sh [LEG...]  (one part of each leg:
+#                                                          scripts/test.sh runs the fast tests
+#                                                          alone, nbval beside a one-process
+#                                                          step)
 set -euo pipefail
+case "${STACKS_PART:-}" in
+  ""|fast|nbval) ;;
+  *) echo "STACKS_PART must be fast or nbval (or empty: both), not '$STACKS_PART'" >&2; exit 2 ;;
+esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PYTHON="${PYTHON:-python3}"
@@ -34,7 +41,6 @@ fi
 # LEGS: name, venv, tensorflow-cpu, keras, keras-hub, what runs ("fast" or "fast+nbval").
 LEGS=(
   "colab    .venv-colab   2.20.0 3.13.2 0.26.0 fast+nbval"
-  "minimum  .venv-minimum 2.19.0 3.10.0 0.21.1 fast"
 )
 
 # Test tools, same pins as requirements.txt (no book builder, no linter: not run on these legs).
@@ -104,23 +110,25 @@ print(f"stack: TensorFlow {found[0]} + Keras {found[1]} + keras-hub {found[2]}, 
 EOF
 }
 
-# run_leg NAME DIR TF KERAS HUB WHAT
+# run_leg NAME DIR TF KERAS HUB WHAT: the leg's parts ($STACKS_PART: fast, nbval; empty: all)
 run_leg() {
-  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" what="$6" t
+  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" what="$6" part="${STACKS_PART:-}" t
   t=$(date +%s)
   echo "== stack leg '$name': tensorflow-cpu $tf + keras $keras + keras-hub $hub ($dir): $what"
   make_venv "$dir" "$tf" "$keras" "$hub"
   check_stack "$dir" "$tf" "$keras" "$hub"
-  echo "== [$name] pytest -m 'not slow' (fast unit tests)"
-  PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
-    -m "not slow" -n 2
-  if [ "$what" = fast+nbval ]; then
+  if [ "$part" != nbval ]; then
+    echo "== [$name] pytest -m 'not slow' (fast unit tests)"
+    PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
+      -m "not slow" -n 2
+  fi
+  if [ "$what" = fast+nbval ] && [ "$part" != fast ]; then
     echo "== [$name] nbval over book/ (ACCUMCORE_QUICK=$ACCUMCORE_QUICK)"
     # --nbval-current-env: the notebooks' kernel is this venv's Python, not the main .venv's.
     PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest --nbval-lax --nbval-current-env \
       -p no:cacheprovider -q book/
   fi
-  echo "== stack leg '$name' passed in $(( $(date +%s) - t )) s"
+  echo "== stack leg '$name'${part:+ ($part)} passed in $(( $(date +%s) - t )) s"
 }
 
 names=()

@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Install everything and run every check: lint, the package, unit tests, the book (every
 # notebook executed by its -W -n build, then a browser check), the benchmark smoke test, the
-# other stacks of scripts/test-stacks.sh (Colab's: fast tests + nbval over every notebook; the
-# declared minimum: fast tests). This is exactly what CI runs (.ci/run).
+# other stack of scripts/test-stacks.sh (Colab's, the declared minimum: fast tests + nbval over
+# every notebook). This is exactly what CI runs (.ci/run).
 #
-# Usage: bash scripts/test.sh                  every step, in order (CI)
+# Usage: bash scripts/test.sh                  every step (CI)
 #        bash scripts/test.sh --only STEP[,STEP]  only those steps, e.g. --only book or
 #                                              --only fast,slow (setup always runs)
-# Steps: lint package fast slow book bench stacks. A failing step stops the run; its name is
-# printed with its output. The wall and CPU time of every step that ran, setup (.venv/)
-# included, is printed at the end; the background jobs (the other stacks' venvs, a browser)
-# print theirs where a step waits for them.
+# Steps: lint package fast slow book bench stacks. The order, for 2 cores:
+#   1. lint, package, fast (pytest -n 2), then the stacks step's fast tests (pytest -n 2): one
+#      at a time, their output as it comes;
+#   2. the one-process steps, two at a time (longest first: book, the stacks step's nbval,
+#      slow, bench; the next starts when one ends): each writes its own log, shown whole, its
+#      name first, when it ends (a phase of one step runs as in 1).
+# A failing step stops the run, with its name and its output; the other steps and every
+# background job are ended (with their child processes). The wall and CPU time of every step
+# that ran, setup (.venv/) included, is printed at the end; the background jobs (the other
+# stack's venv, a browser) print theirs where the run waits for them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 STEPS=(lint package fast slow book bench stacks)
@@ -34,29 +40,60 @@ summary=()
 # (both build their own where the folder is empty: --only fast)
 ACCUMCORE_DIST="$(mktemp -d)"
 export ACCUMCORE_DIST
-background=()  # the background jobs' pids, ended on exit
-# (`|| true`: errexit holds in the trap too, and the jobs have usually ended by then)
-trap 'for pid in "${background[@]}"; do kill "$pid" 2> /dev/null || true; done
-      rm -rf "$ACCUMCORE_DIST"' EXIT
+# The background jobs' pids: each job is started in a process group of its own (`set -m`
+# around the `&`: the group's id is the job's pid), ended on exit with everything in it.
+background=()
+# descendants PID: the pids of PID's children, grandchildren, ... (pip's, pytest's, Chromium's)
+descendants() {
+  local child
+  for child in $(pgrep -P "$1" 2> /dev/null); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+# end_background: every background job's process group (which also holds the children that
+# outlived a job's own shell), and any descendant that left the group (a new session), listed
+# first and then ended together. `|| true`: errexit holds in the trap too, and the jobs have
+# usually ended by then.
+end_background() {
+  local pid pids=()
+  for pid in "${background[@]}"; do
+    # shellcheck disable=SC2207  # pids are words
+    pids+=($(descendants "$pid"))
+  done
+  for pid in "${background[@]}"; do kill -- "-$pid" 2> /dev/null || true; done
+  if [ ${#pids[@]} -gt 0 ]; then kill "${pids[@]}" 2> /dev/null || true; fi
+}
+trap 'end_background; rm -rf "$ACCUMCORE_DIST"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-# children_cpu: sets $cpu to the CPU seconds (user + system) of every child of this shell that
-# has ended and been waited for: a step's CPU time is the difference across it (a background
-# job's counts where it is waited for). On a shared machine wall time moves with the other
-# load; CPU time much less.
-children_cpu() {
+# cpu_in FILE: sets $cpu to the CPU seconds (user + system) of the children line of `times`'
+# output in FILE. children_cpu: sets $cpu to that of every child of this shell that has ended
+# (bash reaps them as they end): a step's CPU time is the difference across it (a background
+# job's counts where it ends). On a shared machine wall time moves with the other load; CPU
+# time much less.
+cpu_in() {
   local user sys total=0 part
-  times > "$ACCUMCORE_DIST/times"
-  { read -r _ _; read -r user sys; } < "$ACCUMCORE_DIST/times"
+  { read -r _ _; read -r user sys; } < "$1"
   for part in "$user" "$sys"; do  # e.g. 12m3.456s
     [[ $part =~ ^([0-9]+)m([0-9]+)\. ]] && total=$(( total + BASH_REMATCH[1] * 60 + BASH_REMATCH[2] ))
   done
   cpu=$total
 }
-# mark: starts the clock of a step; record NAME: adds its wall and CPU seconds to the summary.
+children_cpu() {
+  times > "$ACCUMCORE_DIST/times"
+  cpu_in "$ACCUMCORE_DIST/times"
+}
+# mark: starts the clock of a step; record NAME [NOTE]: adds its wall and CPU seconds to the
+# summary; add_summary NAME WALL CPU [NOTE]: the same for a step timed elsewhere.
+add_summary() {
+  summary+=("$(printf '%-17s %5d s   CPU %5d s%s' "$1" "$2" "$3" "${4:+   $4}")")
+}
 mark() { t=$(date +%s); children_cpu; cpu0=$cpu; }
 record() {
   children_cpu
-  summary+=("$(printf '%-8s %5d s   CPU %5d s' "$1" "$(( $(date +%s) - t ))" "$(( cpu - cpu0 ))")")
+  add_summary "$1" "$(( $(date +%s) - t ))" "$(( cpu - cpu0 ))" "${2:-}"
 }
 
 # in_background LOG CMD...: CMD as a background job, its output and then its wall time in LOG;
@@ -64,12 +101,14 @@ record() {
 in_background() {
   local log="$1"
   shift
+  set -m  # a process group of its own (end_background)
   (
     started=$(date +%s) rc=0
     "$@" || rc=$?
     echo "== done in $(( $(date +%s) - started )) s (exit $rc)"
     exit "$rc"
-  ) > "$log" 2>&1 &
+  ) < /dev/null > "$log" 2>&1 &
+  set +m
   background+=("$!")
 }
 
@@ -138,36 +177,126 @@ step_bench() {  # quick mode: checks the outputs are well-formed, never a speed
   rm -rf "$out"
 }
 
-step_stacks() {  # scripts/test-stacks.sh: Colab's stack (fast tests + nbval), the minimum (fast)
-  bash scripts/test-stacks.sh
+# The stacks step in two parts (scripts/test-stacks.sh: Colab's stack, the declared minimum):
+# its fast tests on 2 processes, alone; nbval over every notebook, one process, beside others.
+step_stacks_fast() { STACKS_PART=fast bash scripts/test-stacks.sh; }
+step_stacks_nbval() { STACKS_PART=nbval bash scripts/test-stacks.sh; }
+
+# label ID: the name a step (or part) is shown and summed up under.
+label() {
+  case "$1" in
+    stacks_fast) echo "stacks (fast)" ;;
+    stacks_nbval) echo "stacks (nbval)" ;;
+    *) echo "$1" ;;
+  esac
 }
 
-for step in "${STEPS[@]}"; do
-  selected "$step" || continue
-  echo "== step '$step'"
+# run_step ID: the step in the foreground, its output as it comes; a failure ends the run.
+run_step() {
+  local rc
+  echo "== step '$(label "$1")'"
   mark
-  # The background jobs are this shell's children: waited for here, not in the step's subshell.
-  # A failed one is redone by the step itself (the browser check installs, test-stacks.sh
-  # remakes a venv whose pins file is missing), with its own message.
-  if [ "$step" = book ]; then
-    wait_for "browser installation" "$browser_setup" "$browser_log" || true
-  elif [ "$step" = stacks ]; then
-    wait_for "stack venvs" "$stacks_setup" "$stacks_log" || true
-  fi
   # A subshell with errexit, outside any `if` (where bash would ignore errexit): the first
   # failing command fails the step.
   set +e
-  (set -e; "step_$step")
+  (set -e; "step_$1")
   rc=$?
   set -e
   if [ "$rc" -ne 0 ]; then
-    echo "== step '$step' FAILED (exit $rc) after $(( $(date +%s) - t )) s" >&2
+    echo "== step '$(label "$1")' FAILED (exit $rc) after $(( $(date +%s) - t )) s" >&2
     exit "$rc"
   fi
-  record "$step"
+  record "$(label "$1")"
+}
+
+# start_step ID: the step as a background job, its output in its own log; when it ends, it
+# writes its exit status, wall seconds and `times` (the CPU of its processes) beside the log.
+start_step() {
+  local out="$ACCUMCORE_DIST/step-$1"
+  set -m  # a process group of its own (end_background)
+  (
+    started=$(date +%s)
+    set +e
+    (set -e; "step_$1")
+    rc=$?
+    times > "$out.times"
+    echo "$rc $(( $(date +%s) - started ))" > "$out.status"
+    exit "$rc"
+  ) < /dev/null > "$out.log" 2>&1 &
+  set +m
+  background+=("$!")
+  step_of[$!]="$1"
+  echo "== step '$(label "$1")' started (its output follows when it ends)"
+}
+
+# run_two_at_a_time ID...: the steps, two at a time in the order given (the next starts when
+# one ends); each one's log is shown whole when it ends, its name first. A failure ends the run
+# (the trap ends the other step).
+declare -A step_of=()
+run_two_at_a_time() {
+  local queue=("$@") running=() pid p id rc wall left
+  if [ ${#queue[@]} -eq 1 ]; then run_step "${queue[0]}"; return; fi
+  local phase=$SECONDS
+  while [ ${#queue[@]} -gt 0 ] || [ ${#running[@]} -gt 0 ]; do
+    while [ ${#running[@]} -lt 2 ] && [ ${#queue[@]} -gt 0 ]; do
+      start_step "${queue[0]}"
+      running+=("$!")
+      queue=("${queue[@]:1}")
+    done
+    rc=0
+    wait -n -p pid "${running[@]}" || rc=$?
+    id="${step_of[$pid]}"
+    left=()
+    for p in "${running[@]}"; do
+      if [ "$p" != "$pid" ]; then left+=("$p"); fi
+    done
+    running=("${left[@]}")
+    # the step's own status and wall time (none where it was killed: wait's status then)
+    if [ -f "$ACCUMCORE_DIST/step-$id.status" ]; then
+      read -r rc wall < "$ACCUMCORE_DIST/step-$id.status"
+    else
+      wall=$(( SECONDS - phase ))
+      if [ "$rc" -eq 0 ]; then rc=1; fi
+    fi
+    echo "== step '$(label "$id")' (ran beside other steps), its output:"
+    cat "$ACCUMCORE_DIST/step-$id.log"
+    if [ "$rc" -ne 0 ]; then
+      echo "== step '$(label "$id")' FAILED (exit $rc) after $wall s" >&2
+      exit "$rc"
+    fi
+    cpu=0
+    if [ -f "$ACCUMCORE_DIST/step-$id.times" ]; then cpu_in "$ACCUMCORE_DIST/step-$id.times"; fi
+    add_summary "$(label "$id")" "$wall" "$cpu" "(two at a time)"
+    echo "== step '$(label "$id")' passed in $wall s"
+  done
+  summary+=("   the steps marked (two at a time) took $(( SECONDS - phase )) s together")
+}
+
+# 1. one at a time. The background jobs are this shell's children: waited for here, not in a
+# step's subshell. A failed one is redone by the step itself (the browser check installs,
+# test-stacks.sh remakes a venv whose pins file is missing), with its own message.
+for step in lint package fast; do
+  if selected "$step"; then run_step "$step"; fi
 done
+if selected stacks; then
+  mark
+  wait_for "stack venv" "$stacks_setup" "$stacks_log" || true
+  record "(waited: venv)"
+  run_step stacks_fast
+fi
+# 2. the one-process steps, two at a time, longest first
+if selected book; then
+  mark
+  wait_for "browser installation" "$browser_setup" "$browser_log" || true
+  record "(waited: browser)"
+fi
+queue=()
+for step in book stacks_nbval slow bench; do
+  if selected "${step%_nbval}"; then queue+=("$step"); fi
+done
+if [ ${#queue[@]} -gt 0 ]; then run_two_at_a_time "${queue[@]}"; fi
 
 children_cpu
-echo "== time per step (wall; CPU of its processes, a background job's where it is waited for)"
+echo "== time per step (wall; CPU of its processes, a background job's where it ends)"
 printf '   %s\n' "${summary[@]}"
 echo "== all checks passed in $(( $(date +%s) - start )) s (CPU $cpu s)"

@@ -253,7 +253,7 @@ def _check_with(monkeypatch, tf_version: str, keras_version: str, backend: str =
 
 @pytest.mark.parametrize(
     ("tf_version", "keras_version"),
-    [("2.19.0", "3.10.0"), ("2.21.0", "3.15.1"), ("2.22.0rc1", "3.16.0.dev1")],
+    [("2.20.0", "3.13.0"), ("2.21.0", "3.15.1"), ("2.22.0rc1", "3.16.0.dev1")],
 )
 def test_check_accepts_supported_and_newer(monkeypatch, tf_version, keras_version):
     _check_with(monkeypatch, tf_version, keras_version)
@@ -261,22 +261,22 @@ def test_check_accepts_supported_and_newer(monkeypatch, tf_version, keras_versio
 
 @pytest.mark.parametrize(
     ("tf_version", "keras_version"),
-    [("2.15.1", "2.15.0"), ("2.16.2", "3.3.3"), ("2.18.0", "3.8.0"), ("2.19.0", "3.9.0"),
-     ("2.18.1", "3.10.0")],
+    [("2.15.1", "2.15.0"), ("2.16.2", "3.3.3"), ("2.19.0", "3.10.0"), ("2.20.0", "3.12.1"),
+     ("2.19.1", "3.13.2")],
 )
 def test_check_names_found_and_supported_versions(monkeypatch, tf_version, keras_version):
     with pytest.raises(ImportError) as err:
         _check_with(monkeypatch, tf_version, keras_version)
     message = str(err.value)
     assert f"found TensorFlow {tf_version} with Keras {keras_version}" in message
-    assert "TensorFlow >= 2.19 with Keras >= 3.10" in message
-    assert "TF 2.19.0 + Keras 3.10.0" in message  # the tested stacks are named
+    assert "TensorFlow >= 2.20 with Keras >= 3.13" in message
+    assert "TF 2.20.0 + Keras 3.13.2" in message  # the tested stacks are named
     assert "pip install" in message
 
 
 def test_check_rejects_other_backends(monkeypatch):
     with pytest.raises(ImportError, match="KERAS_BACKEND=tensorflow") as err:
-        _check_with(monkeypatch, "2.19.0", "3.10.0", backend="jax")
+        _check_with(monkeypatch, "2.20.0", "3.13.2", backend="jax")
     assert "'jax' backend" in str(err.value)
 
 

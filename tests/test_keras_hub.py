@@ -8,6 +8,7 @@ keras-hub (requirements.txt); elsewhere the module is skipped without it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import zipfile
@@ -55,7 +56,15 @@ def _rows(x: dict, s: slice) -> dict:
 
 
 def reference(make_opt, lora: bool, epochs: int = 1):
-    """Plain Keras, one ``train_on_batch`` per window of K * MICRO sequences."""
+    """Plain Keras, one ``train_on_batch`` per window of K * MICRO sequences: the initial and
+    the trained weights. Computed once per process and settings (the same seed, data and
+    optimizer give the same weights; the arrays are read-only, so no test can change
+    another's)."""
+    return _reference(make_opt, bool(lora), int(epochs))
+
+
+@functools.cache
+def _reference(make_opt, lora: bool, epochs: int):
     x, y, sw = lm_data()
     lm = tiny_lm(lora=lora)
     initial = get_weights(lm)
@@ -63,7 +72,10 @@ def reference(make_opt, lora: bool, epochs: int = 1):
     for _ in range(epochs):
         for s in windows_of(N, MICRO, K):
             lm.train_on_batch(_rows(x, s), y[s], sample_weight=sw[s])
-    return initial, get_weights(lm)
+    weights = get_weights(lm)
+    for array in initial + weights:
+        array.setflags(write=False)
+    return initial, weights
 
 
 #: ``accum_steps=K`` with fit batches of MICRO, or ``micro_batch_size`` with fit batches of

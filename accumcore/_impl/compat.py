@@ -1,7 +1,7 @@
 """Every difference between the Keras 3 versions accumcore supports, in one place.
 
-accumcore supports TensorFlow >= 2.19 with Keras >= 3.10 (CI runs the minimum, TF 2.19.0 + Keras
-3.10.0, Colab's TF 2.20.0 + Keras 3.13.2, and TF 2.21.0 + Keras 3.15.1; the book's "Supported
+accumcore supports TensorFlow >= 2.20 with Keras >= 3.13 (CI runs the minimum, Colab's TF 2.20.0 +
+Keras 3.13.2, and TF 2.21.0 + Keras 3.15.1; the book's "Supported
 versions" page, ``book/reference/versions.md``). Where the Keras versions differ, the library
 calls the helpers below instead of Keras directly. Each helper
 names the versions it bridges and detects the feature (``inspect.signature``, ``getattr``)
@@ -113,7 +113,7 @@ def batchnorm_renorm(layer: keras.layers.BatchNormalization) -> bool:
     """Whether a BatchNormalization layer uses batch renormalisation (``renorm=True``).
 
     Version difference: ``keras.layers.BatchNormalization`` gained ``renorm`` (and its
-    ``renorm`` attribute) in Keras 3.14; in Keras 3.0-3.13 (Colab's 3.13.2 and the minimum 3.10
+    ``renorm`` attribute) in Keras 3.14; in Keras 3.0-3.13 (Colab's 3.13.2, the minimum,
     among them) the layer has no such argument, so it never renormalises (Keras itself rejects
     ``renorm=`` there).
     """
