@@ -180,7 +180,12 @@ def _api_page_objects():
         try:
             obj = importlib.import_module(name)  # a module (accumcore.memory)
         except ImportError:
-            obj = getattr(importlib.import_module(module), attribute)
+            try:
+                obj = getattr(importlib.import_module(module), attribute)
+            except ImportError:  # a class's member (accumcore.AccumulationState.prepare)
+                owner, _, cls = module.rpartition(".")
+                obj = vars(getattr(importlib.import_module(owner), cls))[attribute]
+                obj = obj.fget if isinstance(obj, property) else obj
         found.append((name, obj))
         members = vars(obj).items() if inspect.isclass(obj) or inspect.ismodule(obj) else ()
         for key, value in members:
