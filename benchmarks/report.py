@@ -245,6 +245,13 @@ def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
         lines.append(f"| {r['model']} | {bm.SPLIT_FIT_REFERENCES[r['reference']]} | "
                      f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {target} | "
                      f"{words[r['verdict']]} |")
+    if any(r["reference"] == "plain_B" for r in bm.split_fit_rows(record)):
+        lines += ["", "Why below plain `fit` at B: the same passes cost more per sample on "
+                  "micro-batches of b than on B (the Summary's rows 'plain fit at b / plain fit "
+                  "at B' and 'floor split into K micro-batches / the same passes unsplit'), and "
+                  "the window adds its bookkeeping once per update (adding each micro-batch's "
+                  "gradient, the close's NaN/Inf check, emptying the accumulators). Accumulate "
+                  "when B does not fit; when it fits, train at B."]
     xla = record.get("xla_loop")
     if xla:
         lines += ["", "Why `conv_jit` is slow: under XLA on this CPU, the conv net's gradient for "
