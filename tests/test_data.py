@@ -162,7 +162,9 @@ def test_the_lab_spells_its_quiet_option_one_way():
     assert "verbose" in inspect.signature(load_mnist).parameters
 
 
-def test_the_books_pages_load_mnist_quietly_and_chapter_1_says_the_source():
+def test_the_books_pages_load_mnist_quietly_and_say_nothing_of_the_source():
+    """The same MNIST either way: where it came from is the build's machinery, not the
+    reader's content (``load_mnist()`` prints it when asked)."""
     calls, pages = [], sorted(BOOK.glob("*.ipynb"))
     for page in pages:
         cells = json.loads(page.read_text(encoding="utf-8"))["cells"]
@@ -172,6 +174,6 @@ def test_the_books_pages_load_mnist_quietly_and_chapter_1_says_the_source():
                 calls += [(page.stem, call) for call in re.findall(r"load_mnist\([^)]*\)", source)]
     assert len({stem for stem, _ in calls}) >= 8
     assert [(stem, call) for stem, call in calls if "verbose=False" not in call] == []
-    chapter_1 = "".join("".join(c["source"]) for c in json.loads(
-        (BOOK / "01_eager_loop.ipynb").read_text(encoding="utf-8"))["cells"])
-    assert '"mnist_source"' in chapter_1 and "{glue:text}`mnist_source`" in chapter_1
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "mnist_source" not in text and "download failed" not in text, page.name
