@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -108,10 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"medians {r['median']:.3f} ({r['samples_per_s']:,.0f} samples/s at best)")
     record["load_average"].append(os.getloadavg())
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        print("wrote", args.out)
+        suite.write_record(args.out, record)
     return 0
 
 

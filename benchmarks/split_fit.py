@@ -208,11 +208,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{memory['ratio_to_plain_b_plus_input']:.3f} (target <= 1.05)")
     record["load_average"].append(os.getloadavg())
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        print("wrote", args.out)
+        suite.write_record(args.out, record)
     return 0
 
 

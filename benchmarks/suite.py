@@ -737,6 +737,16 @@ def memory_child(method: str, b: int, k: int, filters: Sequence[int], device: st
     }
 
 
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Write a benchmark script's ``record`` as indented JSON to ``path`` (its folder made if
+    missing) and say so."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
+    print("wrote", path)
+
+
 def child_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a measuring child process on ``device`` (allocator statistics on
     for a CPU)."""

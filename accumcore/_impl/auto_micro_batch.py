@@ -66,7 +66,6 @@ def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
             raise StopIteration
         return logs
 
-    train_function.accumcore_auto = True
     return train_function
 
 
@@ -99,11 +98,8 @@ class _Runner:
                 before.restore_or_raise(err)
                 self.probes.append((size, False))
                 if size <= 1:
-                    raise type(err)(err.node_def, err.op, (
-                        "micro_batch_size='auto': even micro-batches of 1 sample run out of "
-                        f"memory (probes, b and whether it fitted: {self.probes}). Make the "
-                        f"model or its inputs smaller, or use a device with more memory. "
-                        f"{err.message}")) from err
+                    raise type(err)(err.node_def, err.op,
+                                    f"{_nothing_fits(self.probes)} {err.message}") from err
                 state.micro_batch_size = (size + 1) // 2
                 logger.warning(
                     "micro_batch_size='auto': a step with micro-batches of %d samples ran out "
@@ -135,10 +131,7 @@ class _Runner:
         try:
             return largest_fitting(fits, limit=samples, descending=True, probes=probes)
         except ValueError as err:
-            raise ValueError(
-                "micro_batch_size='auto': even micro-batches of 1 sample run out of memory "
-                f"(probes, b and whether it fitted: {probes}). Make the model or its inputs "
-                "smaller, or use a device with more memory.") from err
+            raise ValueError(_nothing_fits(probes)) from err
         finally:
             self.probes.extend(probes)
 
@@ -188,6 +181,13 @@ class _Snapshot:
         """Every value as it was."""
         for variable, value in self.parts:
             variable.assign(value)
+
+
+def _nothing_fits(probes: list[tuple[int, bool]]) -> str:
+    """The message when not even one sample fits, with every probe."""
+    return ("micro_batch_size='auto': even micro-batches of 1 sample run out of memory "
+            f"(probes, b and whether it fitted: {probes}). Make the model or its inputs "
+            "smaller, or use a device with more memory.")
 
 
 def _batches(iterator: Any, count: int) -> Iterator[Any]:

@@ -471,7 +471,7 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
 
 def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     """One train step: with ``micro_batch_size`` the whole batch, split into micro-batches
-    (:func:`split_step`: one update); else one micro-batch, whose gradient ``c_i * grad(L_i)``
+    (``rule.one_window``: one update); else one micro-batch, whose gradient ``c_i * grad(L_i)``
     goes into the window, which closes (one ``optimizer.apply``) on every K-th call. The
     logged loss is the window-true mean (the tracker's total and count grow by ``c_i * L_i``
     and ``c_i`` per micro-batch)."""
@@ -505,20 +505,26 @@ def _micro_batch(model: keras.Model, x: Any, y: Any, sample_weight: Any, *,
     """One micro-batch's forward and backward pass (``summed_loss_gradients``), its loss into
     Keras's loss tracker; in a split batch also its metrics (updated from each micro-batch's
     outputs, as Keras updates them from the batch's: no layer sees more than b samples)."""
-    state = model.accumulation
-    split = state.micro_batch_size is not None
-    out = summed_loss_gradients(
-        model, functools.partial(_compiled_loss, model), x, y, sample_weight,
-        normalizer=state.weighting, optimizer=model.optimizer, state=state,
-        adds_model_losses=type(model).compute_loss is keras.Model.compute_loss,
-        micro_batches=micro_batches)
+    out = _gradients(model, x, y, sample_weight, model.accumulation,
+                     micro_batches=micro_batches)
     tracker = loss_tracker(model)
     if tracker is not None:
         tracker.total.assign_add(out.weighted_loss)
         tracker.count.assign_add(out.log_weight)
-    if split:
+    if model.accumulation.micro_batch_size is not None:  # a split batch
         model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     return out
+
+
+def _gradients(model: keras.Model, x: Any, y: Any, sample_weight: Any, state: Any, *,
+               micro_batches: Any = None) -> Any:
+    """``summed_loss_gradients`` of one micro-batch with the model's compiled loss, as the
+    train step computes it (``state``: the window it goes to, ``None`` for a probe)."""
+    return summed_loss_gradients(
+        model, functools.partial(_compiled_loss, model), x, y, sample_weight,
+        normalizer=model.accumulation.weighting, optimizer=model.optimizer, state=state,
+        adds_model_losses=type(model).compute_loss is keras.Model.compute_loss,
+        micro_batches=micro_batches)
 
 
 def probe_step(model: keras.Model) -> Callable[[Any, int], float]:
@@ -526,13 +532,9 @@ def probe_step(model: keras.Model) -> Callable[[Any, int], float]:
     backward pass (the model's compiled loss, as the train step computes it) on the first b
     samples of ``batch``, compiled as the train step is; nothing is applied. Returns the sum
     of the gradients (reading it makes the pass run)."""
-    state = model.accumulation
 
     def grads_of(x, y, sample_weight):
-        out = summed_loss_gradients(
-            model, functools.partial(_compiled_loss, model), x, y, sample_weight,
-            normalizer=state.weighting, optimizer=model.optimizer, state=None,
-            adds_model_losses=type(model).compute_loss is keras.Model.compute_loss)
+        out = _gradients(model, x, y, sample_weight, None)
         return tf.add_n([tf.reduce_sum(tf.cast(getattr(g, "values", g), tf.float32))
                          for g in out.grads if g is not None])
 
