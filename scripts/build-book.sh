@@ -24,6 +24,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+export ACCUMCORE_BOOK_BUILD=1  # accumcore.lab.book.glue records for the prose
 jupyter-book build . -W -n --keep-going
 python scripts/check_prose_numbers.py _build/jupyter_execute/book  # numbers shown, comparisons computed
 sleep 1  # let the follower print the last progress line

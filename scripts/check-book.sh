@@ -3,9 +3,9 @@
 #   (a) every notebook in book/ is listed in _toc.yml, so that (b) executes all of them;
 #   (b) a clean `jupyter-book build` of whatever _toc.yml lists, warnings as errors (-W -n):
 #       it executes every notebook top to bottom, and a cell that raises fails the build
-#       (allow_errors: false, nb_execution_raise_on_error), as nbval --nbval-lax would (the
-#       cells assert each claim). nbval itself runs on the Colab stack (scripts/test-stacks.sh),
-#       so each notebook is executed once per stack;
+#       (allow_errors: false, nb_execution_raise_on_error; the cells assert each claim). The
+#       kernel is Jupyter's "python3": the main .venv's, or the one JUPYTER_PATH names first
+#       (scripts/test.sh: Colab's stack, scripts/test-stacks.sh); its stack is printed first;
 #   (b') every number a notebook's prose quotes is printed, glued or set in a visible cell of
 #       that page, and every comparison word about a measurement ("faster", "a tie", "grew")
 #       is computed and glued, not written (scripts/check_prose_numbers.py over the build's
@@ -31,6 +31,19 @@ if missing:
 EOF
 
 echo "== book (b): clean jupyter-book build -W -n"
+python - <<'EOF'
+import subprocess
+
+from jupyter_client.kernelspec import KernelSpecManager
+
+python = KernelSpecManager().get_kernel_spec("python3").argv[0]
+code = ("import sys; from importlib.metadata import version as v; "
+        "print(sys.executable, '(Python', sys.version.split()[0] + '):', "
+        "'TensorFlow', v('tensorflow-cpu'), '+ Keras', v('keras'), '+ keras-hub', v('keras-hub'))")
+print("   the notebooks' kernel:", subprocess.run([python, "-c", code], check=True,
+                                                 capture_output=True, text=True).stdout.strip())
+EOF
+export ACCUMCORE_BOOK_BUILD=1  # accumcore.lab.book.glue: record for the prose without myst-nb
 t=$(date +%s)
 rm -rf _build
 jupyter-book build . -W -n --keep-going

@@ -13,20 +13,23 @@
 #            (googlecolab/backend-info pip-freeze.gpu.txt, read 2026-08-19; Python 3.13 there,
 #            3.11 here), also the declared minimum (the oldest stack `import accumcore`
 #            accepts). The fast unit tests (pytest -m "not slow": all but the multi-process
-#            and soak tests) and every notebook in quick mode under nbval (--nbval-lax).
+#            and soak tests) here, and every notebook in quick mode: scripts/test.sh's book
+#            step executes the book on this leg's Python (STACKS_PART=kernel).
 #
 # Usage: bash scripts/test-stacks.sh [LEG...]              (no argument: every leg, in order)
 #        STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh   (create/refresh the venvs only, in
 #                                                          parallel: scripts/test.sh runs this
 #                                                          in the background)
-#        STACKS_PART=fast|nbval bash scripts/test-stacks.sh [LEG...]  (one part of each leg:
-#                                                          scripts/test.sh runs the fast tests
-#                                                          alone, nbval beside a one-process
-#                                                          step)
+#        STACKS_PART=kernel bash scripts/test-stacks.sh LEG  (a Jupyter kernel named python3
+#                                                          on the leg's venv; prints the folder
+#                                                          to put in JUPYTER_PATH, so that a
+#                                                          book build executes the notebooks
+#                                                          there: scripts/test.sh's book step)
 set -euo pipefail
 case "${STACKS_PART:-}" in
-  ""|fast|nbval) ;;
-  *) echo "STACKS_PART must be fast or nbval (or empty: both), not '$STACKS_PART'" >&2; exit 2 ;;
+  ""|kernel) ;;
+  *) echo "STACKS_PART must be kernel (or empty: the fast tests), not '$STACKS_PART'" >&2
+     exit 2 ;;
 esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -38,18 +41,19 @@ if [ -z "${ACCUMCORE_MNIST_PATH:-}" ] && [ -f "$ROOT/../shared/data/mnist.npz" ]
   export ACCUMCORE_MNIST_PATH="$ROOT/../shared/data/mnist.npz"
 fi
 
-# LEGS: name, venv, tensorflow-cpu, keras, keras-hub, what runs ("fast" or "fast+nbval").
+# LEGS: name, venv, tensorflow-cpu, keras, keras-hub, what runs ("fast", or "fast+book": also
+# the book's notebooks, executed by scripts/test.sh's book step on the leg's kernel).
 LEGS=(
-  "colab    .venv-colab   2.20.0 3.13.2 0.26.0 fast+nbval"
+  "colab    .venv-colab   2.20.0 3.13.2 0.26.0 fast+book"
 )
 
-# Test tools, same pins as requirements.txt (no book builder, no linter: not run on these legs).
+# Test tools, same pins as requirements.txt (no book builder, no linter: not run on these legs;
+# ipykernel: the notebooks' kernel).
 TOOLS=(
   "$(grep -E '^matplotlib==' requirements.txt)"
   "$(grep -E '^pytest==' requirements.txt)"
   "$(grep -E '^pytest-xdist==' requirements.txt | cut -d' ' -f1)"
   "$(grep -E '^hypothesis==' requirements.txt)"
-  "$(grep -E '^nbval==' requirements.txt)"
   "$(grep -E '^ipykernel==' requirements.txt)"
 )
 
@@ -110,25 +114,36 @@ print(f"stack: TensorFlow {found[0]} + Keras {found[1]} + keras-hub {found[2]}, 
 EOF
 }
 
-# run_leg NAME DIR TF KERAS HUB WHAT: the leg's parts ($STACKS_PART: fast, nbval; empty: all)
+# run_leg NAME DIR TF KERAS HUB WHAT: the leg's fast unit tests
 run_leg() {
-  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" what="$6" part="${STACKS_PART:-}" t
+  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" what="$6" t
   t=$(date +%s)
   echo "== stack leg '$name': tensorflow-cpu $tf + keras $keras + keras-hub $hub ($dir): $what"
   make_venv "$dir" "$tf" "$keras" "$hub"
   check_stack "$dir" "$tf" "$keras" "$hub"
-  if [ "$part" != nbval ]; then
-    echo "== [$name] pytest -m 'not slow' (fast unit tests)"
-    PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
-      -m "not slow" -n 2
+  echo "== [$name] pytest -m 'not slow' (fast unit tests)"
+  PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest tests -q -p no:cacheprovider \
+    -m "not slow" -n 2
+  echo "== stack leg '$name' passed in $(( $(date +%s) - t )) s"
+}
+
+# leg_kernel NAME DIR TF KERAS HUB WHAT: a kernelspec "python3" running the leg's Python (the
+# notebooks name python3), in a folder of its own; prints the folder for JUPYTER_PATH (searched
+# before the main .venv's kernels). Messages go to stderr.
+leg_kernel() {
+  local name="$1" dir="$2" tf="$3" keras="$4" hub="$5" what="$6"
+  if [ "$what" != fast+book ]; then
+    echo "stack leg '$name' runs no notebooks (LEGS: $what)" >&2
+    return 2
   fi
-  if [ "$what" = fast+nbval ] && [ "$part" != fast ]; then
-    echo "== [$name] nbval over book/ (ACCUMCORE_QUICK=$ACCUMCORE_QUICK)"
-    # --nbval-current-env: the notebooks' kernel is this venv's Python, not the main .venv's.
-    PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest --nbval-lax --nbval-current-env \
-      -p no:cacheprovider -q book/
-  fi
-  echo "== stack leg '$name'${part:+ ($part)} passed in $(( $(date +%s) - t )) s"
+  make_venv "$dir" "$tf" "$keras" "$hub" >&2
+  check_stack "$dir" "$tf" "$keras" "$hub" >&2
+  rm -rf "${dir:?}/book-kernel"
+  # (ipykernel warns that the folder is not on Jupyter's default path: JUPYTER_PATH adds it)
+  "$dir/bin/python" -m ipykernel install --prefix "$ROOT/$dir/book-kernel" --name python3 \
+    --display-name "Python 3 ($name stack)" > "$dir/.kernel.log" 2>&1 \
+    || { cat "$dir/.kernel.log" >&2; return 1; }
+  echo "$ROOT/$dir/book-kernel/share/jupyter"
 }
 
 names=()
@@ -160,6 +175,12 @@ if [ "${STACKS_SETUP_ONLY:-0}" = 1 ]; then
   rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
   exit "$rc"
+fi
+if [ "${STACKS_PART:-}" = kernel ]; then
+  [ ${#selected[@]} -eq 1 ] || { echo "STACKS_PART=kernel takes one leg" >&2; exit 2; }
+  # shellcheck disable=SC2086  # the leg's fields
+  leg_kernel ${selected[0]}
+  exit
 fi
 for leg in "${selected[@]}"; do
   # shellcheck disable=SC2086  # the leg's fields

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -39,6 +41,36 @@ def test_glue_rejects_a_format_that_does_not_fit(glued):
     with pytest.raises(ValueError, match="'.2f' does not apply to 'SGD'"):
         book.glue("test_rule", "SGD", ".2f")
     assert glued == []  # nothing recorded for the prose
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """What accumcore's own glue record hands to IPython's display, myst-nb hidden (a kernel
+    without it, as Colab's stack runs the book in CI): (bundle, metadata) per call."""
+    import IPython.display
+
+    monkeypatch.setitem(sys.modules, "myst_nb", None)  # `from myst_nb import ...` fails
+    calls = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda bundle, raw, metadata: calls.append((bundle, metadata)))
+    return calls
+
+
+def test_glue_without_myst_nb_writes_myst_nbs_record_in_a_build(glued, recorded, monkeypatch):
+    monkeypatch.setenv(book.BUILD_ENV, "1")
+    value = np.float32(0.25)
+    book.glue("test_ratio", value, ".2f")
+    monkeypatch.delitem(sys.modules, "myst_nb")
+    from myst_nb import glue as myst_glue
+
+    myst_glue("test_ratio", value.item(), display=False)
+    assert recorded and recorded == glued  # the same bundle and metadata, key for key
+
+
+def test_glue_without_myst_nb_outside_a_build_records_nothing(recorded, monkeypatch):
+    monkeypatch.delenv(book.BUILD_ENV, raising=False)
+    assert book.glue("test_ratio", 0.25) is None
+    assert recorded == []
 
 
 def test_progress_appends_to_the_named_file_and_prints_nothing(tmp_path, monkeypatch, capsys):

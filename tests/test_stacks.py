@@ -28,7 +28,7 @@ class Stack(NamedTuple):
     tensorflow: str
     keras: str
     keras_hub: str
-    runs: str  # "everything", "fast" or "fast+nbval"
+    runs: str  # "tests" (main: every test; its notebooks: the full edition), "fast", "fast+book"
 
 
 def _pin(path: Path, package: str) -> str:
@@ -46,7 +46,7 @@ def stacks(script: str | None = None) -> list[Stack]:
             if line.strip().startswith('"')]
     main = Stack("main", _pin(ROOT / "requirements.txt", "tensorflow-cpu"),
                  _pin(ROOT / "requirements.txt", "keras"),
-                 _pin(ROOT / "requirements-no-deps.txt", "keras-hub"), "everything")
+                 _pin(ROOT / "requirements-no-deps.txt", "keras-hub"), "tests")
     return [main, *(Stack(name, tf_, keras_, hub, runs) for name, _, tf_, keras_, hub, runs
                     in legs)]
 
@@ -84,7 +84,8 @@ def _check_message(monkeypatch, tf_version: str, keras_version: str) -> str | No
 def test_the_stacks_are_read_from_the_script():
     found = stacks()
     assert [s.name for s in found][:2] == ["main", "colab"], found
-    assert all(s.runs in ("everything", "fast", "fast+nbval") for s in found), found
+    assert found[0].runs == "tests" and all(s.runs in ("fast", "fast+book") for s in found[1:])
+    assert [s.runs for s in found].count("fast+book") == 1, found  # the book runs once in CI
     assert len({(s.tensorflow, s.keras) for s in found}) == len(found), found  # all different
     toy = 'LEGS=(\n  "old  .venv-old  2.1.0 3.2.0 0.1.0 fast"\n)\n'
     assert stacks(toy)[1:] == [Stack("old", "2.1.0", "3.2.0", "0.1.0", "fast")]
@@ -100,8 +101,10 @@ def test_the_versions_page_has_one_row_per_tested_stack_saying_what_runs_there()
                     f"keras-hub=={stack.keras_hub}"):
             assert pin in row, (stack, row)
         runs = row.rsplit("|", 2)[-2]
-        assert ("every notebook" in runs) == (stack.runs != "fast"), (stack, runs)
-        assert ("not marked `slow`" in runs) == (stack.runs != "everything"), (stack, runs)
+        assert ("every notebook" in runs) == (stack.runs == "fast+book"), (stack, runs)
+        assert ("not marked `slow`" in runs) == (stack.runs != "tests"), (stack, runs)
+        # the main stack's notebooks: executed by the README's main command, not by CI
+        assert ("full edition" in runs) == (stack.runs == "tests"), (stack, runs)
 
 
 def test_the_readme_names_every_tested_stack_and_no_other():

@@ -21,6 +21,11 @@ import time
 from typing import Any
 
 PROGRESS_ENV = "ACCUMCORE_PROGRESS"
+# Set by the book's builds (scripts/check-book.sh, scripts/build-book.sh): the notebook runs
+# inside a Jupyter Book build, whose kernel may lack myst-nb (Colab's stack in CI).
+BUILD_ENV = "ACCUMCORE_BOOK_BUILD"
+# myst-nb's (and papermill's) prefix of a glued value's hidden display keys.
+GLUE_PREFIX = "application/papermill.record/"
 
 
 def edition_note(quick: bool, *, what: str = "") -> str:
@@ -60,7 +65,9 @@ def glue(name: str, value: Any, fmt: str | None = None) -> None:
 
     Returns:
         None, so that a ``glue(...)`` call ending a cell shows no value either. Outside a
-        Jupyter Book build (on Colab, where myst-nb is not installed) it does nothing.
+        Jupyter Book build (on Colab, where myst-nb is not installed) it does nothing; inside
+        one whose kernel lacks myst-nb (``ACCUMCORE_BOOK_BUILD=1``) it writes myst-nb's
+        record itself (:func:`_glue_record`).
 
     Raises:
         ValueError: if ``fmt`` cannot format ``value``.
@@ -76,11 +83,28 @@ def glue(name: str, value: Any, fmt: str | None = None) -> None:
                 f"({type(value).__name__}): {err}"
             ) from err
     try:
-        from myst_nb import glue as _myst_glue
-    except ImportError:  # Colab: no myst-nb, nothing quotes the value
-        return None
-    _myst_glue(name, value, display=False)  # cell metadata only, never shown
+        from myst_nb import glue as record
+    except ImportError:  # Colab: no myst-nb, nothing quotes the value (outside a build)
+        if os.environ.get(BUILD_ENV) != "1":
+            return None
+        record = _glue_record
+    record(name, value, display=False)  # hidden display keys only, never shown
     return None
+
+
+def _glue_record(name: str, value: Any, display: bool = False) -> None:
+    """Write what ``myst_nb.glue(name, value, display=False)`` writes, without myst-nb: the
+    value's display bundle under hidden keys (:data:`GLUE_PREFIX`), named in the output's
+    ``scrapbook`` metadata, which the build reads back (``tests/test_lab_book.py`` compares
+    the two)."""
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as ipy_display
+
+    bundle, metadata = format_display_data(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    ipy_display({prefix + key: data for key, data in bundle.items()}, raw=True,
+                metadata=metadata)
 
 
 def progress(message: str) -> None:
