@@ -327,5 +327,37 @@ def accumulate_models() -> dict:
     return out
 
 
+@case
+def sum_beside_mean() -> dict:
+    """A per-sample ``add_loss`` (Keras sums it) beside a compiled mean loss: the sum enters
+    the update undivided from every replica (with clipping, its sums reduced with the
+    window's status), against plain ``fit`` at B = 8 on ONE device (26 samples: the last
+    window holds 2). ``accum_steps=2`` with batches of 4, and ``micro_batch_size=3`` with
+    batches of 8 (each replica's 4 cut 3 + 1)."""
+    import test_loss_forms as forms
+
+    out: dict = {}
+    x, y = forms.regression_data(26)
+    optimizers = {"": lambda: keras.optimizers.SGD(forms.LR),
+                  "_clip": lambda: keras.optimizers.SGD(forms.LR, clipnorm=0.5)}
+    ways = {"": (dict(accum_steps=2), 4), "_split": (dict(micro_batch_size=3), 8)}
+    for opt_suffix, make_opt in optimizers.items():
+        model = forms.endpoint_model("per_sample")
+        initial = get_weights(model)
+        model.compile(make_opt(), loss="mse")
+        model.fit([x, y], y, batch_size=8, shuffle=False, verbose=0)
+        ref = get_weights(model)
+        for suffix, (how, batch) in ways.items():
+            with mirrored().scope():
+                model = forms.endpoint_model("per_sample")
+                model.compile(make_opt(), loss="mse")
+            ac.accumulate(model, **how)
+            model.fit([x, y], y, batch_size=batch, shuffle=False, verbose=0)
+            out["sum_beside_mean" + suffix + opt_suffix] = {
+                "rel": relative_error(get_weights(model), ref, initial),
+                "undivided": len(model.accumulation.undivided_accumulators)}
+    return out
+
+
 if __name__ == "__main__":
     run_cases(CASES, sys.argv[1:])

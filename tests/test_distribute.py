@@ -136,3 +136,13 @@ def test_accumulate_under_mirrored_strategy_matches_one_device(results: dict, mo
         assert out["counters"]["windows_applied"] == 4
     if model.startswith("causal_lm"):
         assert out["iterations"] == 3
+
+
+@pytest.mark.parametrize("way", ["", "_split", "_clip", "_split_clip"])
+def test_a_sum_beside_a_mean_loss_is_exact_under_mirrored_strategy(results: dict,
+                                                                   way: str) -> None:
+    """A per-sample ``add_loss`` beside ``mse``: undivided accumulators on every replica."""
+    out = case_result(results, "sum_beside_mean")["sum_beside_mean" + way]
+    assert "error" not in out, out
+    assert out["undivided"] > 0, out
+    assert out["rel"] <= REL_TOL, out

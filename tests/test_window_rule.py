@@ -73,6 +73,10 @@ def test_variables_for_saving_keep_the_order_of_saved_files() -> None:
                 state.window_poisoned]
     assert [id(v) for v in state.variables_for_saving()] == [id(v) for v in expected]
     assert len(state.accumulators) == len(model.trainable_variables)
+    state.build_undivided()  # a sum over samples beside a mean loss: appended, last
+    assert len(state.undivided_accumulators) == len(state.accumulators)
+    assert [id(v) for v in state.variables_for_saving()] == [
+        id(v) for v in [*expected, *state.undivided_accumulators]]
 
 
 def test_drop_window_empties_exactly_the_window_variables() -> None:
@@ -82,14 +86,15 @@ def test_drop_window_empties_exactly_the_window_variables() -> None:
     with tf.GradientTape() as tape:
         loss = tf.reduce_sum(keras.losses.sparse_categorical_crossentropy(y, model(x)))
     grads = tape.gradient(loss, model.trainable_variables)
-    state.accumulate(grads, 5.0, 5)
+    state.accumulate(grads, 5.0, 5, undivided=grads)
     state.window_poisoned.assign(1)
     before = state.counters()
     assert before["micro_step"] == 1 and before["window_samples"] == 5
     assert all(np.any(a.numpy() != 0) for a in state.accumulators)
+    assert all(np.any(a.numpy() != 0) for a in state.undivided_accumulators)
     state.drop_window()
     window = [*state.accumulators, state.window_weight, state.micro_step, state.window_samples,
-              state.window_poisoned]
+              state.window_poisoned, *state.undivided_accumulators]
     assert all(np.all(v.numpy() == 0) for v in window)
     after = state.counters()
     assert before["window_weight"] == 5.0 and after["window_weight"] == 0.0

@@ -966,6 +966,9 @@ class LossWeights(NamedTuple):
     * ``log_weight``: what the logged loss weighs this micro-batch by.
     * ``weigh_after``: whether the weight may multiply the gradients after the backward pass
       (mixed precision) instead of the loss: true where the loss is a mean.
+    * ``undivided``: the indices of the ``model.losses`` entries that are sums over samples
+      beside a mean: their ``extra`` cancels them in the weighed loss, and their gradient is
+      added to the window undivided (the window applies ``sum / W + undivided sum``).
     """
 
     weight: tf.Tensor
@@ -973,6 +976,7 @@ class LossWeights(NamedTuple):
     extra: list
     log_weight: tf.Tensor
     weigh_after: bool
+    undivided: tuple = ()
 
 
 def loss_weights(
@@ -997,12 +1001,15 @@ def loss_weights(
       without samples with ``c_i``, once per window.
     * a compiled loss with ``reduction="sum"`` (``normalizer == "sum"``: the window is not
       divided): sums enter with 1, an entry without samples once per window.
+    * an entry that is a sum over samples beside a mean (an ``add_loss`` of per-sample values
+      beside a compiled mean loss): taken out of the weighed loss and differentiated on its
+      own (``undivided``), it enters the window's update undivided, as a sum.
 
     What one weight per micro-batch cannot make exact is warned about, once per entry and
     model, and weighed as if every window held ``accum_steps`` micro-batches of equal weight:
-    a sum over samples beside a mean (``K c_i``), a mean beside a sum (``1 / K``), a mean
-    over samples beside a loss that divides by another count, and an entry that is neither a
-    sum nor a mean over samples (``Form`` ``"unknown"``).
+    a mean beside a sum (``1 / K``), a mean over samples beside a loss that divides by another
+    count, and an entry that is neither a sum nor a mean over samples (``Form``
+    ``"unknown"``).
 
     ``normalizer``, ``records``, the micro-batch and ``owner`` are :func:`micro_batch_weight`'s;
     ``forms``: what :func:`read_forms` read for ``records`` and ``model.losses``;
@@ -1029,8 +1036,8 @@ def loss_weights(
         return LossWeights(weight, tf.constant(1.0), extra, samples_f, False)
     weight, key = _weight_and_key(normalizer, records, x, y, sample_weight, y_pred, samples,
                                   owner)
-    extra = _mean_window_extra(terms, weight, key, tf.cast(accum_steps, tf.float32), owner)
-    return LossWeights(weight, weight, extra, weight, True)
+    extra, undivided = _mean_window_extra(terms, weight, key, owner)
+    return LossWeights(weight, weight, extra, weight, True, undivided)
 
 
 def _sum_window_extra(terms: Sequence, first: tf.Tensor, k: tf.Tensor, owner: Any,
@@ -1048,21 +1055,22 @@ def _sum_window_extra(terms: Sequence, first: tf.Tensor, k: tf.Tensor, owner: An
     return extra
 
 
-def _mean_window_extra(terms: Sequence, weight: tf.Tensor, key: tuple, k: tf.Tensor,
-                       owner: Any) -> list:
-    """The ``extra`` weights of a window that is a mean (divided by ``W``): a sum over samples
-    is warned and weighed ``K c_i``; a mean over samples beside another denominator, or an
-    entry of unknown form, is warned and keeps ``c_i``."""
-    extra = []
+def _mean_window_extra(terms: Sequence, weight: tf.Tensor, key: tuple,
+                       owner: Any) -> tuple[list, tuple]:
+    """The ``extra`` weights of a window that is a mean (divided by ``W``), and the entries
+    added undivided: a sum over samples is cancelled in the weighed loss (``-c_i``) and
+    listed as undivided; a mean over samples beside another denominator, or an entry of
+    unknown form, is warned and keeps ``c_i``."""
+    extra, undivided = [], []
     for i, term in terms:
         if term.form.kind == "sum":
-            _warn_term(owner, term, "a mean (the compiled loss's, or the other entries')")
-            extra.append((i, (k - 1.0) * weight))
+            extra.append((i, -weight))
+            undivided.append(i)
         elif term.form.kind == "mean" and key != ("samples",):
             _warn_term(owner, term, f"the loss, which divides by {_key_words(key)}")
         elif term.form.kind == "unknown":
             _warn_term(owner, term, "a mean over the loss's denominator")
-    return extra
+    return extra, tuple(undivided)
 
 
 def _key_words(key: tuple) -> str:

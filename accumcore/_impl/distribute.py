@@ -141,11 +141,12 @@ class Replicas:
         """Drop compiled decisions (the state re-created its accumulators); none here."""
         return None  # a body besides the docstring, which AutoGraph can convert
 
-    def reduce_window(self, window, present: list, check: Callable, optimizer) -> tuple:
+    def reduce_window(self, window, accumulated: list, check: Callable, optimizer) -> tuple:
         """The window's status for its close: ``(weight, poisoned, samples, nonfinite,
-        sums)``, with ``nonfinite = check(sums of the accumulators in present)`` and ``sums``
-        what :meth:`on_replicas` passes to the update (none: it reads the accumulators)."""
-        nonfinite = check([window.accumulators[i].value() for i in present])
+        sums)``, with ``nonfinite = check(the values of the accumulators it reads,
+        accumulated)`` and ``sums`` what :meth:`on_replicas` passes to the update (none: it
+        reads the accumulators)."""
+        nonfinite = check([a.value() for a in accumulated])
         return window.weight.value(), window.poisoned.value(), window.samples.value(), \
             nonfinite, []
 
@@ -198,12 +199,13 @@ class StrategyReplicas(Replicas):
     def forget(self) -> None:
         self._functions.clear()
 
-    def reduce_window(self, window, present: list, check: Callable, optimizer) -> tuple:
-        """The module docstring's steps 1-2: every replica's status, one batched all-reduce."""
+    def reduce_window(self, window, accumulated: list, check: Callable, optimizer) -> tuple:
+        """The module docstring's steps 1-2: every replica's status, one batched all-reduce
+        (``accumulated``: the accumulators the close reads, ``rule.window_sums``)."""
         prereduce = optimizer_clips(optimizer)  # gradient sums travel with the status
 
         def local_status() -> list:
-            sums = [window.accumulators[i].read_value() for i in present]
+            sums = [a.read_value() for a in accumulated]
             counts = [window.weight.read_value(), window.poisoned.read_value(),
                       window.samples.read_value()]
             status = tf.stack([*(tf.cast(c, tf.float32) for c in counts), check(sums)])

@@ -212,6 +212,9 @@ def restore(model, values: list) -> None:
     with model.distribute_strategy.scope():
         model.accumulation.prepare(model)
     variables = model.accumulation.variables_for_saving()
+    if len(values) == len(variables) + len(model.accumulation.accumulators):
+        model.accumulation.build_undivided()  # saved with a sum beside a mean loss
+        variables = model.accumulation.variables_for_saving()
     if len(values) != len(variables):
         raise ValueError(
             f"Saved accumulation state has {len(values)} entries, this model needs "
@@ -492,7 +495,7 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     else:
         out = _micro_batch(model, x, y, sample_weight)
         rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
-                  out.samples)
+                  out.samples, out.undivided)
         logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     logs.update(state.nonfinite_policy.fit_logs(state))  # what the policy skipped
     if is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)

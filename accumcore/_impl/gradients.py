@@ -6,6 +6,7 @@ Shared by the loops (``accumcore._impl.trainer``) and the Keras integration
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -16,8 +17,30 @@ from accumcore._impl.denominators import (
     loss_weights,
     read_forms,
     recording,
+    regularization_count,
     resolve_loss,
 )
+
+#: The models whose micro-batches were differentiated eagerly at least once (``_persistent``).
+_SEEN_EAGERLY: weakref.WeakSet = weakref.WeakSet()
+
+
+def _persistent(model: keras.Model) -> bool:
+    """Whether the micro-batch's tape must allow two backward passes (the second for the sums
+    over samples beside a mean loss, ``LossWeights.undivided``). In a graph that costs nothing
+    (the executor frees each tensor after its last use either way). Eagerly a persistent tape
+    keeps the forward pass's tensors until both passes end, so it is used only for a model's
+    first micro-batch and where its last call added losses (``model.losses`` beyond the weight
+    regularisers)."""
+    if not tf.executing_eagerly():
+        return True
+    try:
+        if model not in _SEEN_EAGERLY:
+            _SEEN_EAGERLY.add(model)
+            return True
+    except TypeError:  # a model that cannot be weakly referenced
+        return True
+    return len(model.losses) > regularization_count(model)
 
 
 def first_leaf(x: Any) -> tf.Tensor:
@@ -66,6 +89,9 @@ class MicroBatchResult(NamedTuple):
     y_pred: Any  # the model's outputs, for metrics
     weighted_loss: tf.Tensor  # log_weight * loss, float32 scalar (the logged mean's numerator)
     log_weight: tf.Tensor  # what the logged mean weighs this micro-batch by (c_i for a mean)
+    # gradients of the sums over samples beside a mean loss (times the loss scale), added to
+    # the window undivided; None where there are none
+    undivided: list | None = None
 
 
 def _scaled_gradient(grad: Any, factor: tf.Tensor) -> Any:
@@ -100,6 +126,16 @@ def _weighed_loss(loss: tf.Tensor, terms: list, weights: Any, weigh_after: bool)
     if weigh_after:
         return loss + sum(t * tf.math.divide_no_nan(e, weights.weight) for t, e in extra)
     return weights.scale * loss + sum(t * e for t, e in extra)
+
+
+def _undivided_loss(terms: list, weights: Any, optimizer: Any) -> tf.Tensor | None:
+    """The ``model.losses`` entries that enter the window undivided (``weights.undivided``:
+    sums over samples beside a mean loss), summed and scaled as the loss is (mixed
+    precision); ``None`` where there are none."""
+    if not weights.undivided:
+        return None
+    return optimizer.scale_loss(
+        sum(tf.reduce_sum(tf.cast(terms[i], tf.float32)) for i in weights.undivided))
 
 
 def _weights(model: keras.Model, normalizer: str | Callable, denominators: list, forms: Any,
@@ -146,16 +182,15 @@ def summed_loss_gradients(
         adds_model_losses: whether ``loss_of`` adds ``model.losses`` as Keras does: each
             entry is then weighed by its form (``denominators.loss_weights``); ``False`` (an
             own ``compute_loss``): the loss is weighed as one.
-        micro_batches: the window's micro-batches where not the state's K (a batch split in
-            the step); only for a weighting warned to assume equal micro-batches.
+        micro_batches: the window's micro-batches where not K (a batch split in the step).
 
     Returns:
         A :class:`MicroBatchResult`: the gradients of ``weight * loss`` (times the loss scale),
-        each ``model.losses`` entry weighed to enter the window as it enters the large batch.
+        each ``model.losses`` entry weighed to enter the window as at B; a sum over samples
+        beside a mean loss in ``undivided`` (a second backward pass, same forward pass).
     """
-    variables = model.trainable_variables
-    samples = batch_size_of(x)
-    with tf.GradientTape() as tape:
+    variables, samples = model.trainable_variables, batch_size_of(x)
+    with tf.GradientTape(persistent=_persistent(model)) as tape:
         with recording() as denominators:
             y_pred = model(x, training=True)
             loss = tf.cast(loss_of(x, y, y_pred, sample_weight), tf.float32)
@@ -166,16 +201,17 @@ def summed_loss_gradients(
         factor = replica_loss_factor()
         weights = _weights(model, normalizer, denominators, forms, (x, y, sample_weight),
                            y_pred, samples, state, factor, micro_batches)
-        weight = weights.weight
-        if factor != 1.0:
-            loss = loss * factor
+        loss = loss * factor if factor != 1.0 else loss
         # Mixed precision: the *mean* loss scaled (as Keras does), so float16 sees gradients
         # of the usual size; c_i multiplies the float32 variable gradients afterwards.
         weigh_after = isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and (
             weights.weigh_after)
         summed = optimizer.scale_loss(_weighed_loss(loss, terms, weights, weigh_after))
+        undivided_loss = _undivided_loss(terms, weights, optimizer)
     grads = tape.gradient(summed, variables)
+    undivided = None if undivided_loss is None else tape.gradient(undivided_loss, variables)
+    del tape
     if weigh_after:
-        grads = [_scaled_gradient(g, weight) for g in grads]
-    return MicroBatchResult(loss, grads, weight, samples, y_pred, loss * weights.log_weight,
-                            weights.log_weight)
+        grads = [_scaled_gradient(g, weights.weight) for g in grads]
+    return MicroBatchResult(loss, grads, weights.weight, samples, y_pred, loss * weights.log_weight,
+                            weights.log_weight, undivided)

@@ -2,11 +2,13 @@
 
 * :func:`step`: one micro-batch of any entry point: :func:`add`, then :func:`close_if_due`.
 * :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
-  window's accumulators and ``c_i`` to its weight ``W``.
+  window's accumulators and ``c_i`` to its weight ``W`` (and the gradient of its sums over
+  samples beside a mean loss, ``U_i``, to the undivided accumulators).
 * :func:`close_if_due`: whether the window holds K micro-batches (any, for a flush), decided
   where every replica can be read; if so :func:`close`.
-* :func:`close`: the window's mean gradient ``sum_i c_i grad(L_i) / W``, the skip decision, one
-  ``optimizer.apply`` (:func:`apply_update`, the library's only one) and :func:`end`.
+* :func:`close`: the window's mean gradient ``sum_i c_i grad(L_i) / W + sum_i U_i``, the skip
+  decision, one ``optimizer.apply`` (:func:`apply_update`, the library's only one) and
+  :func:`end`.
 * :func:`end`: every window ends there, applied, skipped or dropped.
 * :func:`one_window`: one batch as one window: cut into micro-batches (:func:`micro_batches`),
   each added, then closed once.
@@ -19,7 +21,7 @@ state): these functions branch on no flag.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import tensorflow as tf
@@ -33,18 +35,21 @@ from accumcore._impl.nonfinite import NonFinitePolicy, Stop, window_nonfinite
 class Window:
     """The open window's variables: ``accumulators`` (``sum_i c_i grad(L_i)``, float32, or
     float64 for float64 variables), ``weight`` (``W = sum_i c_i``, float32), ``micro_step`` (the
-    micro-batches in it, int64), ``samples`` (int64) and ``poisoned`` (int64, 1 once a flagged
-    micro-batch condemned it)."""
+    micro-batches in it, int64), ``samples`` (int64), ``poisoned`` (int64, 1 once a flagged
+    micro-batch condemned it) and ``undivided`` (``sum_i U_i``, the sums over samples beside
+    a mean loss, applied undivided; empty where the loss has none)."""
 
     accumulators: list
     weight: tf.Variable
     micro_step: tf.Variable
     samples: tf.Variable
     poisoned: tf.Variable
+    undivided: list = field(default_factory=list)
 
     @property
     def variables(self) -> list:
-        return [*self.accumulators, self.weight, self.micro_step, self.samples, self.poisoned]
+        return [*self.accumulators, self.weight, self.micro_step, self.samples, self.poisoned,
+                *self.undivided]
 
 
 @dataclass
@@ -132,7 +137,8 @@ def present_of(grads: Sequence) -> tuple[int, ...]:
     return tuple(i for i, g in enumerate(grads) if g is not None)
 
 
-def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples) -> tf.Tensor:
+def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples,
+         undivided: Sequence | None = None) -> tf.Tensor:
     """One micro-batch of any entry point on ``state`` (an ``AccumulationState``, built):
     its inputs checked, :func:`add`, then :func:`close_if_due` where the replicas can be read
     (replica context under a strategy; ``merge_call`` unconditionally).
@@ -142,17 +148,22 @@ def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples
         variables: the model's trainable variables now (must be those accumulated).
         grads: gradients of the micro-batch's summed loss, one per variable (or ``None``).
         weight: ``c_i``, float scalar; samples: the micro-batch's samples, int scalar.
+        undivided: gradients of its sums over samples beside a mean loss (``None``: none;
+            ``AccumulationState.accumulate``).
 
     Returns:
         bool scalar: whether an optimizer update was applied.
     """
+    if undivided is not None:
+        state.build_undivided()
     window, counters, _ = state.pieces
     check_variables(state.variables_accumulated, variables)
     check_gradients(grads, window.accumulators)
     plan = state.plan(optimizer)
     plan.replicas.require_replica_context()
     present = state.present = present_of(grads)
-    add(window, counters, plan, grads, tf.cast(weight, tf.float32), tf.cast(samples, tf.int64))
+    add(window, counters, plan, grads, tf.cast(weight, tf.float32), tf.cast(samples, tf.int64),
+        undivided)
     accumulated = list(state.variables_accumulated)
     return plan.replicas.decide(lambda: close_if_due(
         window, counters, plan, optimizer, accumulated, present, force=False))
@@ -183,7 +194,7 @@ def one_window(state, optimizer, variables: Sequence, batch: tuple, size: int,
 
     def add_one(micro_batch: tuple, totals: tuple) -> tuple:
         out = contribute(*micro_batch)
-        state.accumulate(out.grads, out.weight, out.samples, optimizer)
+        state.accumulate(out.grads, out.weight, out.samples, optimizer, out.undivided)
         return totals[0] + out.weighted_loss, totals[1] + out.log_weight
 
     totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
@@ -238,13 +249,18 @@ def take(batch: Any, start, length) -> Any:
 
 
 def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight: tf.Tensor,
-        samples: tf.Tensor) -> tf.Tensor:
-    """Add one micro-batch (``grads`` of its summed loss, its weight ``c_i``, its samples) and
-    count it into the window. Returns whether it was added (bool scalar)."""
+        samples: tf.Tensor, undivided: Sequence | None = None) -> tf.Tensor:
+    """Add one micro-batch (``grads`` of its summed loss, its weight ``c_i``, its samples, and
+    ``undivided``: the gradients of its sums over samples beside a mean loss, or ``None``)
+    and count it into the window. Returns whether it was added (bool scalar)."""
     distributed = plan.replicas.distributed
+    pairs = list(zip(window.accumulators, grads, strict=True))
+    if undivided is not None:
+        pairs += zip(window.undivided, undivided, strict=True)
+        grads = [*grads, *undivided]  # checked together
 
     def accept() -> None:
-        for accumulator, g in zip(window.accumulators, grads, strict=True):
+        for accumulator, g in pairs:
             add_gradient(accumulator, g, distributed)
         window.weight.assign_add(weight)
         window.samples.assign_add(samples)
@@ -275,11 +291,12 @@ def close_if_due(window: Window, counters: Counters, plan: Plan, optimizer, vari
 def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
           present: Sequence[int]) -> tf.Tensor:
     """Close the window: its status reduced over the replicas (one reduction), the verdict,
-    ``sum / W`` applied once to the variables in ``present`` unless the window is skipped,
-    then :func:`end`. Returns whether an optimizer update was applied (bool scalar)."""
+    ``sum / W`` (plus the undivided sum) applied once to the variables in ``present`` unless
+    the window is skipped, then :func:`end`. Returns whether an optimizer update was applied
+    (bool scalar)."""
     present = list(present)
     weight, poisoned, samples, nonfinite, sums = plan.replicas.reduce_window(
-        window, present, plan.judge, optimizer)
+        window, window_sums(window, present), plan.judge, optimizer)
     bad = tf.logical_or(tf.logical_or(poisoned > 0, nonfinite > 0),
                         tf.logical_not(tf.math.is_finite(weight)))
     skip = tf.logical_or(tf.logical_or(bad, samples <= 0), plan.stopped())
@@ -289,11 +306,14 @@ def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: 
         return tf.constant(False)
 
     def apply_mean(*shares) -> tf.Tensor:
-        totals = shares or [window.accumulators[i].value() for i in present]
+        totals = list(shares) or [a.value() for a in window_sums(window, present)]
         grads = [None] * len(window.accumulators)
         scale = tf.math.divide_no_nan(1.0, weight)
-        for i, total in zip(present, totals, strict=True):  # sum * (1 / W): one multiply
+        for k, i in enumerate(present):  # sum * (1 / W): one multiply
+            total = totals[k]
             grads[i] = total * tf.cast(scale, total.dtype) if plan.normalize else total
+            if window.undivided:
+                grads[i] += totals[len(present) + k]
         return plan.update(optimizer, variables, grads)
 
     applied = tf.cond(skip, skipped, lambda: plan.replicas.on_replicas(apply_mean, sums))
@@ -326,6 +346,13 @@ def end(window: Window, counters: Counters, replicas, applied: tf.Tensor | bool,
         for part in replicas.parts(variable):
             part.assign(tf.zeros(part.shape, part.dtype))
     return tf.convert_to_tensor(applied)
+
+
+def window_sums(window: Window, present: Sequence[int]) -> list:
+    """The accumulators the window's close reads, in the order it reads them: those in
+    ``present``, then the undivided ones in ``present`` (where they exist)."""
+    return [window.accumulators[i] for i in present] + (
+        [window.undivided[i] for i in present] if window.undivided else [])
 
 
 def add_gradient(accumulator: tf.Variable, g, distributed: bool) -> None:

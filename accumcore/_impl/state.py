@@ -62,7 +62,9 @@ class AccumulationState(tf.Module):
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
     variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
     ``accumcore._impl.state.SCALARS``: the window's and the run's counters (the ``"raise"``
-    policy's stop is in no checkpoint). :meth:`variables_for_saving` lists them.
+    policy's stop is in no checkpoint). ``undivided_accumulators`` (the same shapes) exist
+    only once a micro-batch brought ``undivided`` gradients (a sum over samples beside a
+    mean loss: :meth:`accumulate`). :meth:`variables_for_saving` lists them.
     """
 
     def __init__(self, accum_steps: int, *, nonfinite: str | NonFinitePolicy = "raise",
@@ -72,6 +74,7 @@ class AccumulationState(tf.Module):
                                                      nonfinite=nonfinite))
         self._found_micro_batch = _Untracked(None)  # the b that "auto" found
         self.accumulators: list[tf.Variable] = []
+        self.undivided_accumulators: list[tf.Variable] = []  # see accumulate(undivided=)
         self._variables = _Untracked(())
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
         self._plans = _Untracked({})  # (optimizer, rule.Plan) by optimizer id, made once each
@@ -206,6 +209,9 @@ class AccumulationState(tf.Module):
                              self.replicas.distributed, self.flush_call)
             with tf.init_scope():  # a new list: tracked lists must only grow to stay saveable
                 self.accumulators = new_accumulators(variables, self.replicas.placement)
+                if self.undivided_accumulators:
+                    self.undivided_accumulators = new_accumulators(
+                        variables, self.replicas.placement, "undivided")
             self.replicas.forget()  # compiled closes captured the old accumulators
             self._plans.value.clear()
         else:
@@ -224,6 +230,20 @@ class AccumulationState(tf.Module):
         self._pieces = _Untracked(pieces(self, self._unsaved.value))
         self.present = range(len(variables))
         return True
+
+    def build_undivided(self) -> None:
+        """Create the ``undivided_accumulators`` (a no-op once they exist): the gradients of
+        the sums over samples beside a mean loss, added to the window's update undivided.
+        Safe inside a ``tf.function`` trace (created eagerly, ``tf.init_scope``)."""
+        self._check_built()
+        if self.undivided_accumulators:
+            return
+        with tf.init_scope():  # extended in place: a checkpoint read earlier restores them
+            self.undivided_accumulators.extend(new_accumulators(
+                self._variables.value, self.replicas.placement, "undivided"))
+        self._pieces = _Untracked(pieces(self, self._unsaved.value))
+        self.replicas.forget()  # compiled closes captured the window without them
+        self._plans.value.clear()
 
     def same_variables(self, variables: Sequence) -> bool:
         """Whether ``variables`` are exactly the ones the accumulators were built for."""
@@ -254,10 +274,12 @@ class AccumulationState(tf.Module):
     def variables_for_saving(self) -> list[tf.Variable]:
         """What a saved model holds to resume mid-window, in a fixed order: the accumulators,
         then ``window_weight``, ``micro_step``, ``window_samples``, the six run counters and
-        ``window_poisoned`` (the order of the entries of ``.keras`` files). The ``"raise"``
-        policy's stop is not saved: a stopped state is not saved stopped."""
+        ``window_poisoned`` (the order of the entries of ``.keras`` files), then the undivided
+        accumulators where they exist. The ``"raise"`` policy's stop is not saved: a stopped
+        state is not saved stopped."""
         self._check_built()
-        return [*self.accumulators, *(getattr(self, s.name) for s in SCALARS if s.saved)]
+        return [*self.accumulators, *(getattr(self, s.name) for s in SCALARS if s.saved),
+                *self.undivided_accumulators]
 
     def counters(self) -> dict[str, int | float]:
         """The counters as Python numbers (reads the variables; call outside graphs): the
@@ -270,7 +292,8 @@ class AccumulationState(tf.Module):
         }
 
     # ------------------------------------------------------------------ the rule's steps
-    def accumulate(self, grads: Sequence, weight, samples, optimizer=None) -> tf.Tensor:
+    def accumulate(self, grads: Sequence, weight, samples, optimizer=None,
+                   undivided: Sequence | None = None) -> tf.Tensor:
         """Add one micro-batch and count it into the window; close nothing.
 
         Args:
@@ -281,26 +304,35 @@ class AccumulationState(tf.Module):
             samples: number of samples in the micro-batch (int scalar), for the counters.
             optimizer: the optimizer the window will be applied with (a
                 ``LossScaleOptimizer`` checks the window itself: no micro-batch is checked).
+            undivided: gradients of the micro-batch's sums over samples that sit beside a
+                mean loss (an ``add_loss`` of per-sample values, which Keras sums, beside a
+                compiled mean loss), one per trainable variable, or ``None`` (none): the
+                window applies ``sum_i grads_i / W + sum_i undivided_i``, so they stay sums.
 
         Returns:
             bool scalar: whether the micro-batch was added (``False``: a per-micro-batch
             check left it out).
         """
+        self._check_built()
+        if undivided is not None:
+            self.build_undivided()
         window, counters, _ = self._pieces_checked()
         rule.check_gradients(grads, self.accumulators)
         self.present = rule.present_of(grads)
         return rule.add(window, counters, self.plan(optimizer), grads,
-                        tf.cast(weight, tf.float32), tf.cast(samples, tf.int64))
+                        tf.cast(weight, tf.float32), tf.cast(samples, tf.int64), undivided)
 
-    def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence) -> tf.Tensor:
-        """:meth:`accumulate` one micro-batch, then close the window if it holds K: the whole
-        per-micro-batch rule of every entry point (``accumcore._impl.rule.step``). Graph-safe;
-        under a strategy it runs in replica context.
+    def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence,
+             undivided: Sequence | None = None) -> tf.Tensor:
+        """:meth:`accumulate` one micro-batch (``undivided`` as there), then close the window
+        if it holds K: the whole per-micro-batch rule of every entry point
+        (``accumcore._impl.rule.step``). Graph-safe; under a strategy it runs in replica
+        context.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
         """
-        return rule.step(self, optimizer, variables, grads, weight, samples)
+        return rule.step(self, optimizer, variables, grads, weight, samples, undivided)
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
@@ -511,15 +543,17 @@ NO_VARIABLES = (
 )
 
 
-def new_accumulators(variables: Sequence, placement: Callable[..., dict]) -> list[tf.Variable]:
-    """Zero accumulators, one per variable (float32; float64 for float64 variables).
+def new_accumulators(variables: Sequence, placement: Callable[..., dict],
+                     prefix: str = "accum") -> list[tf.Variable]:
+    """Zero accumulators, one per variable (float32; float64 for float64 variables), named
+    ``{prefix}_{i}``.
 
     ``placement(summed)``: the ``tf.Variable`` keywords that place a variable on the replicas
     (``accumcore._impl.distribute.Replicas.placement``). Call in ``tf.init_scope``.
     """
     return [
         tf.Variable(tf.zeros(v.shape, accumulator_dtype(variable_dtype(v))),
-                    trainable=False, name=f"accum_{i}", **placement(summed=True))
+                    trainable=False, name=f"{prefix}_{i}", **placement(summed=True))
         for i, v in enumerate(variables)
     ]
 
@@ -543,7 +577,7 @@ def pieces(state, unsaved: dict[str, tf.Variable]) -> tuple[Window, Counters, St
     the scalars not saved, by name, which the state keeps out of checkpoints)."""
     s = state
     window = Window(s.accumulators, s.window_weight, s.micro_step, s.window_samples,
-                    s.window_poisoned)
+                    s.window_poisoned, list(s.undivided_accumulators))
     counters = Counters(*(getattr(s, name) for name in COUNTERS))
     return window, counters, Stop(unsaved["nonfinite_stop"], state.replicas.parts)
 

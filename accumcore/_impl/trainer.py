@@ -265,7 +265,7 @@ class AccumTrainer:
                                     normalizer=self._weighting, optimizer=self.optimizer,
                                     state=self.state)
         applied = rule.step(self.state, self.optimizer, self.model.trainable_variables,
-                            out.grads, out.weight, out.samples)
+                            out.grads, out.weight, out.samples, out.undivided)
         return out.loss, out.log_weight, applied
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
@@ -345,7 +345,8 @@ class AccumTrainer:
                 self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
                 optimizer=self.optimizer, state=self.state,
             )
-            self.state.accumulate(out.grads, out.weight, out.samples, self.optimizer)
+            self.state.accumulate(out.grads, out.weight, out.samples, self.optimizer,
+                                  out.undivided)
             total_loss += out.weighted_loss
             total_weight += out.log_weight
         self.state.apply_window(self.optimizer)
