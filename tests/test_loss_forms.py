@@ -232,6 +232,9 @@ CASES = {
     "add_loss_scalar_mean_in_call": Case(
         lambda cls=keras.Model, **kw: adds_loss_in_call("mean", cls, **kw),
         lambda: dict(optimizer=sgd(), loss="mse"), regression_data),
+    "add_loss_scalar_sum_in_call_beside_mean": Case(
+        lambda cls=keras.Model, **kw: adds_loss_in_call("sum", cls, **kw),
+        lambda: dict(optimizer=sgd(), loss="mse"), regression_data),
     "activity_regularizer": Case(
         lambda cls=keras.Model, **kw: regression_mlp(cls, activity=True, **kw),
         lambda: dict(optimizer=sgd(), loss="mse"), regression_data),
