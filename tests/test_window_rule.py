@@ -103,6 +103,18 @@ def test_drop_window_empties_exactly_the_window_variables() -> None:
     assert {k: after[k] for k in untouched} == {k: before[k] for k in untouched}
 
 
+def test_undivided_gradients_are_checked_like_grads() -> None:
+    """``accumulate(..., undivided=)``: one per trainable variable, in order, or a
+    ``ValueError`` naming ``undivided`` (nothing added, nothing created)."""
+    model, state, _ = built_state(3)
+    grads = [tf.ones_like(v) for v in model.trainable_variables]
+    with pytest.raises(ValueError, match="`undivided` must match the trainable variables"):
+        state.accumulate(grads, 1.0, 1, undivided=grads[:-1])
+    with pytest.raises(ValueError, match="`undivided` must be in the order"):
+        state.accumulate(grads, 1.0, 1, undivided=grads[::-1])
+    assert state.undivided_accumulators == [] and state.counters()["micro_step"] == 0
+
+
 def test_unbuilt_state_has_no_variable_lists() -> None:
     with pytest.raises(ValueError, match="not built"):
         ac.AccumulationState(2).variables_for_saving()

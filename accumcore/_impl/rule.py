@@ -155,6 +155,7 @@ def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples
         bool scalar: whether an optimizer update was applied.
     """
     if undivided is not None:
+        check_gradients(undivided, state.accumulators, "undivided")
         state.build_undivided()
     window, counters, _ = state.pieces
     check_variables(state.variables_accumulated, variables)
@@ -423,12 +424,14 @@ def same_variables(built: Sequence, variables: Sequence) -> bool:
     return len(variables) == len(built) and all(a is b for a, b in zip(variables, built))
 
 
-def check_gradients(grads: Sequence, accumulators: Sequence[tf.Variable]) -> None:
-    """Raise unless ``grads`` are one per accumulator, in order (compatible shapes)."""
+def check_gradients(grads: Sequence, accumulators: Sequence[tf.Variable],
+                    name: str = "grads") -> None:
+    """Raise unless ``grads`` (the parameter ``name``) are one per accumulator, in order
+    (compatible shapes)."""
     if len(grads) != len(accumulators):
         raise ValueError(
             f"Got {len(grads)} gradients for {len(accumulators)} accumulators: "
-            "`grads` must match the trainable variables the state was built from, one per "
+            f"`{name}` must match the trainable variables the state was built from, one per "
             "variable and in the same order (use `tape.gradient(loss, "
             "model.trainable_variables)`)."
         )
@@ -438,7 +441,7 @@ def check_gradients(grads: Sequence, accumulators: Sequence[tf.Variable]) -> Non
             if isinstance(shape, tf.TensorShape) and not shape.is_compatible_with(acc.shape):
                 raise ValueError(
                     f"Gradient of shape {shape} does not match accumulator "
-                    f"{acc.name} of shape {acc.shape}: `grads` must be in the order of the "
+                    f"{acc.name} of shape {acc.shape}: `{name}` must be in the order of the "
                     "trainable variables the state was built from."
                 )
 

@@ -315,6 +315,7 @@ class AccumulationState(tf.Module):
         """
         self._check_built()
         if undivided is not None:
+            rule.check_gradients(undivided, self.accumulators, "undivided")
             self.build_undivided()
         window, counters, _ = self._pieces_checked()
         rule.check_gradients(grads, self.accumulators)
