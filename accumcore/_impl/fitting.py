@@ -53,13 +53,27 @@ METHODS = ("train_step", "make_train_function", "fit", "compile", "get_compile_c
 class WindowFlushCallback(keras.callbacks.Callback):
     """Applies the end-of-epoch policy and reports non-finite gradients, for ``fit``.
 
-    The non-finite check reads the state once per epoch (before validation and before the
-    end-of-epoch policy) and at the end of training, never per batch: a stopped state discards
-    every later window, and the error says how many micro-batches it left unused.
+    At each epoch's end (and before validation inside ``fit``) the pending partial window gets
+    the state's ``end_of_epoch`` policy (``"apply"`` for an :class:`~accumcore.AccumulationState`
+    made by hand: one update with the window's true weight, as ``fit`` at the large batch
+    makes); and if a non-finite window stopped training (``nonfinite="raise"``, the default) it
+    raises :class:`~accumcore.NonFiniteGradientError`, the same error and message as ``fit``
+    after ``accumulate``. The check reads the state once per epoch (before validation and
+    before the end-of-epoch policy) and at the end of training, never per batch: a stopped
+    state discards every later window, and the error says how many micro-batches it left
+    unused. A previous run's stop is cleared when training begins (logged), as ``fit`` does.
 
     ``fit`` (of an ``AccumModel`` or an ``accumulate`` d model) adds it first in the list,
     so that a partial window is flushed *before* validation and before other callbacks
-    (checkpoints) see the epoch's end.
+    (checkpoints) see the epoch's end. A ``train_step`` of your own that calls
+    ``state.step`` passes it first in ``callbacks`` itself:
+    ``model.fit(x, y, batch_size=b, callbacks=[accumcore.WindowFlushCallback(state)])``.
+
+    Args:
+        state: the :class:`~accumcore.AccumulationState` your ``train_step`` steps; ``None``
+            (default): the model's ``accumulation`` attribute (``AccumModel``, ``accumulate``).
+            The model, its optimizer and trainable variables are the ones ``fit`` sets as
+            ``self.model``: no global is needed.
     """
 
     #: Keras may run this callback's batch hook off the training thread (it only sets a flag):
@@ -67,15 +81,31 @@ class WindowFlushCallback(keras.callbacks.Callback):
     #: logs on the host before the next batch starts.
     async_safe = True
 
-    def __init__(self) -> None:
+    def __init__(self, state: AccumulationState | None = None) -> None:
         super().__init__()
+        if state is not None and not isinstance(state, AccumulationState):
+            raise TypeError(f"`state` must be an accumcore.AccumulationState (the one your "
+                            f"train_step steps) or None, got {type(state).__name__}.")
+        self._state = state
         self._epoch = 0
         self._saw_batch: bool | None = None  # a training batch ran in the current epoch
 
+    @property
+    def state(self) -> AccumulationState:
+        """The state given, else the model's ``accumulation`` (raises naming the fix)."""
+        state = self._state if self._state is not None else getattr(
+            self.model, "accumulation", None)
+        if not isinstance(state, AccumulationState):
+            raise ValueError(
+                f"WindowFlushCallback() found no AccumulationState on the model (no "
+                f"`accumulation` attribute on {type(self.model).__name__}): pass the state "
+                "your train_step steps, `accumcore.WindowFlushCallback(state)`.")
+        return state
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         # A NonFiniteGradientError stopped the previous fit: clear the stop (logged).
-        if self.model.accumulation.built:
-            self.model.accumulation.clear_nonfinite()
+        if self.state.built:
+            self.state.clear_nonfinite()
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -86,14 +116,14 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._saw_batch = True
 
     def _raise_if_nonfinite(self) -> None:
-        self.model.accumulation.raise_if_nonfinite(self._epoch)
+        self.state.raise_if_nonfinite(self._epoch)
 
     def on_test_begin(self, logs: dict | None = None) -> None:
         # Validation inside fit comes after the epoch's training batches: check them first.
         self._raise_if_nonfinite()
         # Validation inside fit: a large-batch fit would have applied the last batch already.
-        if self.model.accumulation.settings.end_of_epoch == "apply":
-            flush(self.model)
+        if self.state.settings.end_of_epoch == "apply":
+            self.state.flush(self.model.optimizer, self.model.trainable_variables)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._saw_batch is False:
@@ -103,7 +133,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
                 "the dataset when giving `steps_per_epoch`."
             )
         self._raise_if_nonfinite()
-        end_epoch(self.model, epoch)
+        self.state.end_epoch(self.state.settings.end_of_epoch, self.model.optimizer,
+                             self.model.trainable_variables, epoch)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # Training stopped inside an epoch (e.g. `model.stop_training` set by a callback).
