@@ -486,6 +486,36 @@ class AccumTrainer:
             self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
         return epoch_loop.graph_records(self, self._epoch_fn, source)
 
+    def compiled_function(self, entry: str) -> Any:
+        """The ``tf.function`` an entry point runs, to inspect (as Keras's
+        ``model.train_function``): its graph and ops (``.get_concrete_function(...)``), its
+        traces (``.experimental_get_tracing_count()``), its XLA IR. Calling it trains as the
+        entry point does, without the entry point's checks (build, non-finite stop).
+
+        Args:
+            entry: ``"micro_batch"``: the micro-step of ``fit(mode="function")`` and
+                ``train_micro_batch(compiled=True)``, called as ``f(x, y, sample_weight)``
+                for one micro-batch, returning ``(mean_loss, weight, applied)``;
+                ``"epoch"``: ``fit(mode="graph")`` 's whole epoch, ``f(dataset)``;
+                ``"window"``: :meth:`window_step` 's, ``f(x, y, sample_weight)`` for one
+                batch split into K micro-batches, returning its mean loss.
+
+        Raises:
+            ValueError: for another ``entry``, or for ``"micro_batch"`` before the first
+                compiled micro-batch (it is made for that micro-batch's structure).
+
+        The functions are made anew when the optimizer is replaced (they capture it).
+        """
+        functions = {"micro_batch": self._micro_fn, "epoch": self._epoch_fn,
+                     "window": self._window_fn}
+        check_choice(entry, "entry", tuple(functions))
+        if functions[entry] is None:
+            raise ValueError(
+                "The micro-batch function is made on the first compiled micro-batch: run "
+                "`trainer.fit(..., mode='function')` or `trainer.train_micro_batch(x, y, "
+                "compiled=True)` first.")
+        return functions[entry]
+
 
 def _batch_relaxed_specs(structure: Any) -> Any:
     """``tf.TensorSpec`` s for a micro-batch with the batch (first) dimension unknown.
