@@ -1,9 +1,10 @@
 """``micro_batch_size="auto"``: the micro-batch found on the device by running the real step,
 and the same batch rerun with a smaller one whenever a step runs out of memory.
 
-At the first batch (of B samples) b is searched (``accumcore.memory.largest_fitting`` with
-``descending=True``): one micro-batch's forward and backward pass of the real model and loss
-on the batch's first b samples, first b = B, halved while it runs out of memory
+At the first batch (of B samples) b is searched (``accumcore._impl.search.largest_fitting``,
+public as ``accumcore.memory.largest_fitting``, with ``descending=True``): one micro-batch's
+forward and backward pass of the real model and loss on the batch's first b samples, first
+b = B, halved while it runs out of memory
 (``tf.errors.ResourceExhaustedError``, also raised by XLA), then bisected up between the
 largest size that fitted and the smallest that did not; the probes change nothing (the model's
 non-trainable variables are restored after each). Then the real step runs. Whenever a step
@@ -33,6 +34,7 @@ import keras
 import tensorflow as tf
 
 from accumcore._impl.gradients import first_leaf
+from accumcore._impl.search import largest_fitting
 
 logger = logging.getLogger("accumcore")
 
@@ -115,8 +117,6 @@ class _Runner:
         samples = _samples(data)
         if self.probe is None or self.model.accumulation.replicas.distributed:
             return samples
-        from accumcore.memory import largest_fitting
-
         def fits(size: int) -> bool:
             before = _Snapshot(self.model)
             try:
