@@ -22,7 +22,6 @@ machine's state: the steadiest of the three on a shared machine).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -46,22 +45,21 @@ MICRO_BATCH = 16  # b, samples per micro-batch
 
 def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
     """The benchmark MLP of ``kind`` (Keras's ``gradient_accumulation_steps=ACCUM_STEPS``,
-    AccumModel, or AccumModel traced while the check is removed), compiled and warmed up (traced,
-    then one more epoch at b=MICRO_BATCH). ``benchmarks/profile_step.py`` profiles the same
-    models."""
+    AccumModel, or AccumModel with ``nonfinite=suite.UNCHECKED``: the check removed),
+    compiled and warmed up (traced, then one more epoch at b=MICRO_BATCH).
+    ``benchmarks/profile_step.py`` profiles the same models."""
     if kind == "keras_ga":
         model = bm.build_model("mlp")
         optimizer = keras.optimizers.Adam(1e-3, gradient_accumulation_steps=ACCUM_STEPS)
     else:
-        nonfinite = "skip_micro_batch" if kind == "accumcore_skip_micro_batch" else "raise"
+        nonfinite = {"accumcore_skip_micro_batch": "skip_micro_batch",
+                     "accumcore_unchecked": suite.UNCHECKED}.get(kind, "raise")
         model = bm.build_model("mlp", model_cls=accumcore.AccumModel, accum_steps=ACCUM_STEPS,
                                nonfinite=nonfinite)
         optimizer = keras.optimizers.Adam(1e-3)
     model.compile(optimizer, bm.LOSS, jit_compile=False, steps_per_execution=spe)
-    unchecked = kind == "accumcore_unchecked"
-    with suite.without_nonfinite_check() if unchecked else contextlib.nullcontext():
-        for _ in range(2):  # trace, then TensorFlow's own warm-up
-            model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
+    for _ in range(2):  # trace, then TensorFlow's own warm-up
+        model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
     return model
 
 

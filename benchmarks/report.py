@@ -404,7 +404,7 @@ def _check_cost_lines(results: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "What the NaN/Inf check costs, measured in the breakdown below (the same "
              "process, the variants interleaved; best-of-N throughput ratios): each accumcore "
-             "path as shipped and traced without the check (`without_nonfinite_check` in "
+             "path as shipped and traced without the check (`nonfinite=UNCHECKED` in "
              "`benchmarks/suite.py`, a diagnostic only). The gap the check leaves is the part "
              "of each missed speed target that the issue's \"with the non-finite check kept\" "
              "does not allow removing.", "",

@@ -10,7 +10,6 @@ imports; what is measured and how is described in that module's docstring.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -19,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -29,21 +28,19 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
-from accumcore._impl import nonfinite
-from accumcore._impl.accum_model import AccumModel
-from accumcore._impl.trainer import AccumTrainer
+from accumcore import AccumModel, AccumTrainer, NonFinitePolicy
 from accumcore.lab.benchmarking import (
-    _MEMORY_TAG,
-    _PROBE_TAG,
     CONFIGS,
     EXPERIMENTS,
     FLOOR_OF,
     INPUT_SHAPES,
     LOSS,
     MEMORY_METHODS,
+    MEMORY_TAG,
+    PROBE_TAG,
     SCHEMA_VERSION,
     XLA_CPU_SKIP_REASON,
-    _dataset,
+    batched_dataset,
     benchmark_data,
     build_model,
     code_size,
@@ -52,6 +49,7 @@ from accumcore.lab.benchmarking import (
     evaluate_targets,
     trainable_bytes,
 )
+from accumcore.lab.experiments import keras_loss
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from minimal import MinimalAccumulator  # noqa: E402
@@ -332,9 +330,7 @@ def floor_functions(model: keras.Model, k: int, *, loss: Any = LOSS
     ``"floor_window_xla"`` (one window of K micro-batches per call, split in the graph exactly
     like :meth:`~accumcore.AccumTrainer.window_step`).
     """
-    from accumcore._impl.gradients import as_loss_fn
-
-    step = _floor_step(model, as_loss_fn(loss))
+    step = _floor_step(model, keras_loss(loss))
 
     def epoch(dataset):
         total = tf.constant(0.0)
@@ -397,7 +393,7 @@ def throughput_cases(
     for k in ks:
         if n % (k * b):
             raise ValueError(f"{n} samples are not a multiple of B = {k} * {b}: use whole windows.")
-    ds_b = _dataset(x, y, b)
+    ds_b = batched_dataset(x, y, b)
 
     def model(**kw: Any) -> keras.Model:
         return build_model(kind, filters=filters, **kw)
@@ -430,7 +426,7 @@ def throughput_cases(
                       lambda: _timed(lambda: float(floors["floor_graph"](ds_b))), n))
     for k in ks:
         tag = f"@K{k}"
-        ds_big = _dataset(x, y, k * b)
+        ds_big = batched_dataset(x, y, k * b)
         floor_k = floor_functions(model(), k)
         cases.append(_fit_case("fit_B" + tag, compiled(model(), adam()), ds_big, n))
         cases.append(_fit_case(
@@ -450,7 +446,7 @@ def throughput_cases(
                                                 adam(), jit=True), ds_b, n))
         n_eager = max(2, round(n * eager_fraction / (k * b))) * k * b
         n_eager = min(n, n_eager)
-        ds_eager = _dataset(x[:n_eager], y[:n_eager], b)
+        ds_eager = batched_dataset(x[:n_eager], y[:n_eager], b)
         for mode in ("function", "graph", "eager"):
             trainer = AccumTrainer(model(), adam(), LOSS, accum_steps=k)
             name = "eager" if mode == "eager" else f"loop_{mode}"
@@ -549,22 +545,20 @@ BREAKDOWN: dict[str, str] = {
 BREAKDOWN_REFERENCES = ("adam_each", "fit_keras_ga", "fit_unchecked", "fit_accumcore")
 
 
-@contextlib.contextmanager
-def without_nonfinite_check() -> Iterator[None]:
-    """Trace accumcore with the window's non-finite check removed (``nonfinite.window_nonfinite``
-    always says finite: what a ``LossScaleOptimizer``'s close runs on one device): what the check
-    costs, measured. A diagnostic only: never train like this."""
-    check = nonfinite.window_nonfinite
-    nonfinite.window_nonfinite = unchecked
-    try:
-        yield
-    finally:
-        nonfinite.window_nonfinite = check
+class UncheckedPolicy(NonFinitePolicy):
+    """The ``"raise"`` policy with the window's non-finite check removed: every window is
+    judged finite (what a ``LossScaleOptimizer``'s close runs on one device), so a model given
+    ``nonfinite=UNCHECKED`` traces the shipped path without that check, and the paired timing
+    measures what the check costs. A diagnostic only: never train like this (a NaN window is
+    applied)."""
+
+    def judge_window(self, sums) -> tf.Tensor:
+        """float32 scalar 0: the window is never found non-finite."""
+        return tf.constant(0.0)
 
 
-def unchecked(sums) -> tf.Tensor:
-    """The window is never found non-finite."""
-    return tf.constant(0.0)
+#: The unchecked twin of ``nonfinite="raise"`` (a public :class:`accumcore.NonFinitePolicy`).
+UNCHECKED = UncheckedPolicy("raise_unchecked", freeze=True)
 
 
 def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
@@ -578,10 +572,8 @@ def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
     ``"accumcore"`` is accumcore's own bookkeeping (finiteness checks, further counters,
     end-of-window hooks, per-micro-batch loss records).
     """
-    from accumcore._impl.gradients import as_loss_fn
-
-    loss_fn = as_loss_fn(LOSS)
-    ds = _dataset(x, y, b)
+    loss_fn = keras_loss(LOSS)
+    ds = batched_dataset(x, y, b)
     n = len(x)
 
     def grads_of(model, xb, yb):
@@ -631,9 +623,9 @@ def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
 
     def graph_loop(checked: bool) -> Callable[[], float]:
         trainer = AccumTrainer(build_model(kind, filters=filters),
-                               keras.optimizers.Adam(learning_rate), LOSS, accum_steps=k)
-        with contextlib.nullcontext() if checked else without_nonfinite_check():
-            trainer.fit(ds, epochs=1, mode="graph", verbose=0)  # traced here, once
+                               keras.optimizers.Adam(learning_rate), LOSS, accum_steps=k,
+                               nonfinite="raise" if checked else UNCHECKED)
+        trainer.fit(ds, epochs=1, mode="graph", verbose=0)  # traced here, once
         return lambda: _timed(lambda: trainer.fit(ds, epochs=1, mode="graph", verbose=0))
 
     def fit(name: str, checked: bool = True) -> Case:
@@ -641,11 +633,11 @@ def breakdown_cases(kind: str, b: int, k: int, x: np.ndarray, y: np.ndarray, *,
             model = build_model(kind, filters=filters)
             optimizer = keras.optimizers.Adam(learning_rate, gradient_accumulation_steps=k)
         else:
-            model = build_model(kind, filters=filters, model_cls=AccumModel, accum_steps=k)
+            model = build_model(kind, filters=filters, model_cls=AccumModel, accum_steps=k,
+                                nonfinite="raise" if checked else UNCHECKED)
             optimizer = keras.optimizers.Adam(learning_rate)
         model.compile(optimizer, LOSS, jit_compile=False)
-        with contextlib.nullcontext() if checked else without_nonfinite_check():
-            model.fit(ds, epochs=1, verbose=0)  # traced here, once
+        model.fit(ds, epochs=1, verbose=0)  # traced here, once
         return _fit_case(name, model, ds, n)
 
     return [
@@ -792,7 +784,7 @@ def run_memory(settings: SuiteSettings, progress: Callable[[str], None] = print
     def one(job: tuple[str, int]) -> dict[str, Any]:
         method, k = job
         rec = _run_child(["memory", "--method", method, "--micro-batch", str(b), "--k", str(k),
-                          "--filters", filters, "--device", device], device, _MEMORY_TAG,
+                          "--filters", filters, "--device", device], device, MEMORY_TAG,
                          timeout=600)
         rec = {"method": method, "micro_batch": b, "accum_steps": k, "batch": k * b,
                "device": device, "filters": list(settings.memory_filters), **rec}
@@ -841,7 +833,7 @@ def run_probe(settings: SuiteSettings, progress: Callable[[str], None] = print
     start = time.perf_counter()
     rec = _run_child(["probe", "--target", str(settings.probe_target), "--start",
                       str(settings.probe_start), "--multiple-of", str(settings.probe_multiple_of),
-                      "--filters", filters], device, _PROBE_TAG, timeout=900, extra_env=extra)
+                      "--filters", filters], device, PROBE_TAG, timeout=900, extra_env=extra)
     rec.update({"device": device, "cpu_limit_mb": settings.probe_cpu_limit_mb if extra else None,
                 "wall_seconds": time.perf_counter() - start})
     progress("  " + (f"max micro-batch {rec['max_micro_batch']}: K={rec['accum_steps']} x "
@@ -976,10 +968,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     filters = tuple(int(f) for f in args.filters.split(","))
     if args.cmd == "memory":
         rec = memory_child(args.method, args.micro_batch, args.k, filters, args.device)
-        print(_MEMORY_TAG + json.dumps(rec), flush=True)
+        print(MEMORY_TAG + json.dumps(rec), flush=True)
     else:
         rec = probe_child(args.target, args.start, args.multiple_of, filters)
-        print(_PROBE_TAG + json.dumps(rec), flush=True)
+        print(PROBE_TAG + json.dumps(rec), flush=True)
     return 0
 
 

@@ -28,7 +28,6 @@ from helpers import (
 
 import accumcore as ac
 import accumcore.lab.experiments  # noqa: F401
-from accumcore._impl import nonfinite
 from accumcore.lab import benchmarking as bm
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -236,7 +235,7 @@ def test_trace_counter_agrees_with_tf_function():
     for _ in range(2):
         for start in (0, 16, 32):  # batches of 16, 16 and a ragged 8
             trainer.window_step(x[start:start + 16], y[start:start + 16])
-    assert loss.traces == trainer._window_fn.experimental_get_tracing_count() == 2
+    assert loss.traces == trainer.compiled_function("window").experimental_get_tracing_count() == 2
 
 
 # ---------------------------------------------------------------------------- analysis
@@ -452,17 +451,15 @@ def test_report_shows_the_paired_nonfinite_cost_when_measured(tmp_path):
     assert "| 32 | 0.912 [0.892, 0.922] | 0.950 | 0.987 [0.967, 0.997] | 1.010 |" in text
 
 
-def test_nonfinite_cost_restores_the_check_and_reports_three_ratios():
+def test_nonfinite_cost_reports_three_ratios():
     import nonfinite_cost  # benchmarks/ is on sys.path (see `suite` above)
 
-    check = nonfinite.window_nonfinite
     ratios = nonfinite_cost.measure(spe=1, rounds=1, samples=128)
     assert set(ratios) == set(nonfinite_cost.KINDS)
     assert ratios["keras_ga"]["best"] == pytest.approx(1.0)
     assert all(r["best"] > 0 and r["samples_per_s"] > 0 for r in ratios.values())
     assert ratios["keras_ga"]["paired"]["median"] == pytest.approx(1.0)
     assert all(r["paired"]["rounds"] == 1 and len(r["seconds"]) == 1 for r in ratios.values())
-    assert nonfinite.window_nonfinite is check  # the shipped check is back
 
 
 def test_check_cost_pairs_each_path_with_its_unchecked_twin():
@@ -480,12 +477,34 @@ def test_check_cost_pairs_each_path_with_its_unchecked_twin():
     assert row["fit"] == pytest.approx(0.75) and row["fit_unchecked"] is None
 
 
-def test_without_nonfinite_check_restores_the_check_after_an_error():
-    check = nonfinite.window_nonfinite
-    with pytest.raises(RuntimeError), suite.without_nonfinite_check():
-        assert nonfinite.window_nonfinite is not check
-        raise RuntimeError
-    assert nonfinite.window_nonfinite is check
+@pytest.mark.parametrize("entry", ["trainer", "fit"])
+def test_the_unchecked_policy_removes_only_the_window_check(entry):
+    """``suite.UNCHECKED`` (a public ``NonFinitePolicy``) is ``"raise"`` without the window's
+    check: on finite data it trains exactly as ``"raise"``; a NaN window that ``"raise"``
+    refuses is applied (the weights become NaN), so the check really is gone."""
+    x, y = bm.benchmark_data("mlp", 32, "synthetic")
+
+    def train(nonfinite, x):
+        keras.utils.set_random_seed(0)
+        if entry == "trainer":
+            model = bm.build_model("mlp")
+            ac.AccumTrainer(model, keras.optimizers.SGD(0.1), bm.LOSS, accum_steps=2,
+                            nonfinite=nonfinite).fit(x, y, batch_size=8, shuffle=False,
+                                                     verbose=0)
+        else:
+            model = bm.build_model("mlp", model_cls=ac.AccumModel, accum_steps=2,
+                                   nonfinite=nonfinite)
+            model.compile(keras.optimizers.SGD(0.1), bm.LOSS)
+            model.fit(x, y, batch_size=8, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    for a, b in zip(train("raise", x), train(suite.UNCHECKED, x), strict=True):
+        np.testing.assert_array_equal(a, b)
+    bad = x.copy()
+    bad[20] = np.nan
+    with pytest.raises(ac.NonFiniteGradientError):
+        train("raise", bad)
+    assert not all(np.isfinite(w).all() for w in train(suite.UNCHECKED, bad))
 
 
 def test_code_size_measures_spans_and_code_lines(tmp_path):

@@ -82,8 +82,7 @@ import numpy as np
 import tensorflow as tf
 
 import accumcore
-from accumcore._impl.accum_model import AccumModel
-from accumcore._impl.trainer import AccumTrainer
+from accumcore import AccumModel, AccumTrainer
 from accumcore.lab import experiments
 from accumcore.lab.data import load_mnist
 
@@ -156,8 +155,10 @@ XLA_CPU_SKIP_REASON = (
     "and for every model on a GPU"
 )
 SCHEMA_VERSION = 1
-_MEMORY_TAG = "ACCUMCORE_MEMORY_RESULT "
-_PROBE_TAG = "ACCUMCORE_PROBE_RESULT "
+#: The prefix of the JSON line a memory subprocess prints (``benchmarks/suite.py``).
+MEMORY_TAG = "ACCUMCORE_MEMORY_RESULT "
+#: The prefix of the JSON line a probe subprocess prints (``benchmarks/suite.py``).
+PROBE_TAG = "ACCUMCORE_PROBE_RESULT "
 
 
 # ---------------------------------------------------------------------------- data & models
@@ -212,7 +213,9 @@ def trainable_bytes(model: keras.Model) -> int:
                    for v in model.trainable_variables))
 
 
-def _dataset(x: np.ndarray, y: np.ndarray, batch: int) -> tf.data.Dataset:
+def batched_dataset(x: np.ndarray, y: np.ndarray, batch: int) -> tf.data.Dataset:
+    """``(x, y)`` in batches of ``batch`` samples, in order (the last may be smaller),
+    prefetched: the datasets the benchmarks train on."""
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).prefetch(2)
 
 
@@ -251,8 +254,8 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     first epoch).
     """
     x, y = benchmark_data("mlp", samples, data)
-    ds_b = _dataset(x, y, b)
-    ds_big = _dataset(x, y, k * b)
+    ds_b = batched_dataset(x, y, b)
+    ds_big = batched_dataset(x, y, k * b)
     records = []
 
     def record(entry: str, counts: list[int]) -> None:
@@ -339,15 +342,6 @@ def graph_op_count(concrete: Any) -> int:
     return len(graph_def.node) + sum(len(f.node_def) for f in graph_def.library.function)
 
 
-def _private_fn(trainer: AccumTrainer, name: str) -> Any:
-    fn = getattr(trainer, name, None)
-    if fn is None:
-        raise AttributeError(f"AccumTrainer has no traced function {name!r}: the op count "
-                             "reads it after one run of the entry point; update "
-                             "accumcore.lab.benchmarking.count_ops to the new name.")
-    return fn
-
-
 def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k: int = 4,
               filters: Sequence[int] = (16, 32)) -> list[dict[str, Any]]:
     """Graph operations of every entry point in :data:`OP_ENTRIES` and of the minimal one.
@@ -371,7 +365,7 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
     x, y = benchmark_data(kind, b * k, "synthetic")
     x_spec = tf.TensorSpec((None, *INPUT_SHAPES[_check_kind(kind)]), tf.float32)
     y_spec = tf.TensorSpec((None,), tf.int32)
-    ds = _dataset(x, y, b)
+    ds = batched_dataset(x, y, b)
     xw, yw = tf.constant(x), tf.constant(y)
 
     def model(**kw: Any) -> keras.Model:
@@ -397,14 +391,14 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
                                       keras.optimizers.Adam(1e-3))
     trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
     trainer.fit(ds, epochs=1, mode="function", verbose=0)
-    counts[names[1]] = _private_fn(trainer, "_micro_fn").get_concrete_function(
+    counts[names[1]] = trainer.compiled_function("micro_batch").get_concrete_function(
         x_spec, y_spec, None)
     trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
     trainer.fit(ds, epochs=1, mode="graph", verbose=0)
-    counts[names[2]] = _private_fn(trainer, "_epoch_fn").get_concrete_function(ds)
+    counts[names[2]] = trainer.compiled_function("epoch").get_concrete_function(ds)
     trainer = AccumTrainer(model(), keras.optimizers.Adam(1e-3), LOSS, accum_steps=k)
     trainer.window_step(xw, yw)
-    counts[names[3]] = _private_fn(trainer, "_window_fn").get_concrete_function(xw, yw, None)
+    counts[names[3]] = trainer.compiled_function("window").get_concrete_function(xw, yw, None)
     counts[names[4]] = train_step_ops(model(), keras.optimizers.Adam(1e-3))
     counts[names[5]] = train_step_ops(
         model(), keras.optimizers.Adam(1e-3, gradient_accumulation_steps=k))
@@ -579,7 +573,7 @@ def unit_tests_cell(record: dict) -> str:
 def check_cost(results: dict) -> list[dict[str, Any]]:
     """What the per-micro-batch NaN/Inf check costs, from the breakdown (one process, the
     variants interleaved): per breakdown cell, best-of-N throughput ratios with and without
-    the check (``benchmarks/suite.py``'s ``without_nonfinite_check``).
+    the check (``nonfinite=UNCHECKED``, ``benchmarks/suite.py``).
 
     Keys: ``cell``; ``graph`` and ``graph_unchecked`` (``AccumTrainer.fit(mode="graph")``
     over the minimal accumulator's whole-epoch function); ``fit`` and ``fit_unchecked``

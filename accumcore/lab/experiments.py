@@ -26,6 +26,33 @@ import numpy as np
 from accumcore.lab.book import progress as book_progress
 
 
+class FunctionLoss(keras.losses.Loss):
+    """A loss function ``fn(y_true, y_pred) -> per-sample losses`` as a Keras loss with the
+    default reduction (the mean over the batch), as ``model.compile`` wraps a function."""
+
+    def __init__(self, fn: Callable[[Any, Any], Any], name: str | None = None) -> None:
+        super().__init__(name=name)
+        self.fn = fn
+
+    def call(self, y_true: Any, y_pred: Any) -> Any:
+        return self.fn(y_true, y_pred)
+
+
+def keras_loss(loss: Any) -> keras.losses.Loss:
+    """The reducing Keras loss ``model.compile`` makes of ``loss`` (public Keras only): a
+    ``keras.losses.Loss`` as it is, a name (``"sparse_categorical_crossentropy"``) or a
+    function ``fn(y_true, y_pred)`` as a :class:`FunctionLoss` (the mean over the batch)."""
+    if isinstance(loss, keras.losses.Loss):
+        return loss
+    fn = keras.losses.get(loss) if isinstance(loss, str) else loss
+    if isinstance(fn, keras.losses.Loss):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"`loss` must be a keras.losses.Loss, a loss name or a function "
+                        f"(y_true, y_pred), got {loss!r}.")
+    return FunctionLoss(fn, name=loss if isinstance(loss, str) else getattr(fn, "__name__", None))
+
+
 def get_weights(model: keras.Model) -> list[np.ndarray]:
     """All model weights (trainable and not) as numpy copies."""
     return [np.array(w) for w in model.get_weights()]
@@ -46,17 +73,39 @@ def relative_error(
                          "`get_weights(...)` of models with the same architecture")
 
 
+def batchnorm_layers(model: keras.layers.Layer) -> list[keras.layers.BatchNormalization]:
+    """Every BatchNormalization layer of ``model`` (stock or window-level), in order.
+
+    Walks the public ``layers`` attribute recursively (nested models included, and ``layer``
+    of wrappers such as ``TimeDistributed``), depth first, each layer once: the order in
+    which :func:`accumcore.convert_batchnorm` finds them.
+    """
+    found: list[keras.layers.BatchNormalization] = []
+    seen: set[int] = set()
+    stack = [model]
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, keras.layers.BatchNormalization):
+            found.append(layer)
+        inner = getattr(layer, "layer", None)  # wrappers: TimeDistributed, Bidirectional, ...
+        children = [*(getattr(layer, "layers", None) or []),
+                    *([inner] if isinstance(inner, keras.layers.Layer) else [])]
+        stack.extend(reversed(children))
+    return found
+
+
 def moving_statistics(model: keras.layers.Layer) -> list[np.ndarray]:
     """Moving statistics of every BatchNormalization layer (stock or window-level), in order.
 
     Returns:
         ``[mean_0, variance_0, mean_1, variance_1, ...]`` as float64 arrays of shape
-        ``(channels,)``, in ``accumcore._impl.batchnorm.batchnorm_layers``'s order (layer names
-        are not used, so two separately built models of the same architecture compare position
-        by position); layers not built yet are left out.
+        ``(channels,)``, in :func:`batchnorm_layers`'s order (layer names are not used, so two
+        separately built models of the same architecture compare position by position); layers
+        not built yet are left out.
     """
-    from accumcore._impl.batchnorm import batchnorm_layers
-
     stats = []
     for layer in batchnorm_layers(model):
         if layer.built:
@@ -139,7 +188,7 @@ def conv_net(
     up to 8 groups) or ``"layer"`` (``LayerNormalization``); the last two do not depend on the
     batch at all.
     """
-    from accumcore._impl.batchnorm import WindowBatchNormalization
+    from accumcore import WindowBatchNormalization
 
     layers = {
         "batch": lambda f: keras.layers.BatchNormalization(),
@@ -397,7 +446,7 @@ def train_compare(
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
     """
-    from accumcore._impl.accum_model import AccumModel
+    from accumcore import AccumModel
 
     if not configs:
         raise ValueError("`configs` is empty: pass e.g. {'batch 64': (64, 1), '4 x 16': (16, 4)}.")
@@ -539,7 +588,7 @@ class _AccumRunner:
     def __init__(self, optimizer_name: str, micro_batch: int, accum_steps: int, *,
                  warmup_steps: int, build_model: Callable[..., keras.Model], seed: int,
                  mode: str = "graph") -> None:
-        from accumcore._impl.trainer import AccumTrainer
+        from accumcore import AccumTrainer
 
         self.model = build_model(seed=seed)
         self.initial = self.model.get_weights()

@@ -29,9 +29,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl.gradients import as_loss_fn
-from accumcore._impl.trainer import AccumTrainer
-from accumcore.lab.experiments import get_weights, large_batch_reference, mlp, relative_error
+from accumcore import AccumTrainer
+from accumcore.lab.experiments import (
+    get_weights,
+    keras_loss,
+    large_batch_reference,
+    mlp,
+    relative_error,
+)
 
 Batch = tuple  # (x, y) or (x, y, sample_weight)
 
@@ -95,6 +100,13 @@ class Problem:
                 self.build_model, self.make_optimizer, self.loss, self.large_batches()
             )
         return self._reference
+
+    def cached(self, key: Any, compute: Callable[[], float]) -> float:
+        """``compute()``, computed once per ``key`` on this problem (:meth:`replace` drops
+        it): :func:`measure`'s errors."""
+        if key not in self._errors:
+            self._errors[key] = compute()
+        return self._errors[key]
 
 
 def make_problem(
@@ -242,10 +254,7 @@ def measure(problem: Problem, recipe: Callable[[Problem], keras.Model], *,
         which: compare ``"all"`` weights, only ``"trainable"`` ones, or only
             ``"non_trainable"`` ones (e.g. BatchNorm moving statistics).
     """
-    key = (recipe, which)
-    if key not in problem._errors:
-        problem._errors[key] = _measure(problem, recipe, which)
-    return problem._errors[key]
+    return problem.cached((recipe, which), lambda: _measure(problem, recipe, which))
 
 
 def _measure(problem: Problem, recipe: Callable[[Problem], keras.Model], which: str) -> float:
@@ -342,7 +351,7 @@ def accumcore_recipe(p: Problem) -> keras.Model:
 
 def correct_loop(p: Problem) -> keras.Model:
     """Correct, by hand: one ``optimizer.apply`` per window, of :func:`window_gradient`."""
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
         opt.apply(window_gradient(p, model, loss_fn, window), model.trainable_variables)
     return model
@@ -355,7 +364,7 @@ def correct_loop(p: Problem) -> keras.Model:
 
 def loss_not_rescaled(p: Problem) -> keras.Model:
     """Sums the K micro-batches' mean-loss gradients and applies the sum: K times the step."""
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
         acc = _zeros(model)
         for batch in window:
@@ -376,7 +385,7 @@ def accumulators_before_variables(p: Problem) -> keras.Model:
     reference = p.build_model()  # only to copy the architecture and the initial weights
     model = keras.Sequential([type(layer).from_config(layer.get_config())
                               for layer in reference.layers[1:]])
-    opt, loss_fn = p.make_optimizer(), as_loss_fn(p.loss)
+    opt, loss_fn = p.make_optimizer(), keras_loss(p.loss)
     # BUG: no variables yet, so `acc` is [] (and zip() below stops at once)
     acc = [tf.Variable(tf.zeros_like(v)) for v in model.trainable_variables]
     for window in p.windows():
@@ -398,7 +407,7 @@ def accumulators_before_variables(p: Problem) -> keras.Model:
 
 def never_reset(p: Problem) -> keras.Model:
     """Creates the accumulators once and never zeroes them: every window re-applies the past."""
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     acc = _zeros(model)
     for window in p.windows():
         for batch in window:
@@ -411,7 +420,7 @@ def never_reset(p: Problem) -> keras.Model:
 
 def reset_every_micro_batch(p: Problem) -> keras.Model:
     """Zeroes the accumulators inside the micro-batch loop: only the last micro-batch counts."""
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
         for batch in window:
             # BUG: reset at every micro-batch instead of every window
@@ -424,7 +433,7 @@ def reset_every_micro_batch(p: Problem) -> keras.Model:
 
 def partial_window_dropped(p: Problem) -> keras.Model:
     """Correct windows, but a last window with fewer than K micro-batches is thrown away."""
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
         if len(window) < p.accum_steps:
             # BUG: the partial window's samples never reach the model
@@ -435,7 +444,7 @@ def partial_window_dropped(p: Problem) -> keras.Model:
 
 def partial_window_divided_by_k(p: Problem) -> keras.Model:
     """Divides every window by K, including a last window of r < K micro-batches (r/K step)."""
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     k = p.accum_steps
     for window in p.windows():
         acc = _zeros(model)
@@ -453,7 +462,7 @@ def mean_of_means(p: Problem) -> keras.Model:
     Exact only when every micro-batch holds the same number of samples (or tokens); with ragged
     micro-batches (or per-token losses over padded sequences) small micro-batches count too much.
     """
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
         acc = _zeros(model)
         for batch in window:
@@ -472,7 +481,7 @@ def apply_every_micro_step(p: Problem) -> keras.Model:
     iteration counter (learning-rate schedules), Adam's moment decay and bias correction,
     momentum, and decoupled weight decay. Plain SGD with a constant rate is unaffected.
     """
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
         acc, total = _zeros(model), 0.0
         for i, batch in enumerate(window):
@@ -494,7 +503,7 @@ def clip_per_micro_batch(p: Problem) -> keras.Model:
     a different vector (and is never longer than the clip norm, even when it should be clipped
     less). Needs ``p.make_optimizer()`` to set ``global_clipnorm``.
     """
-    model, loss_fn = p.build_model(), as_loss_fn(p.loss)
+    model, loss_fn = p.build_model(), keras_loss(p.loss)
     base = p.make_optimizer()
     clip = base.global_clipnorm
     if not clip:
@@ -523,7 +532,7 @@ def clip_before_unscale(p: Problem) -> keras.Model:
     before its inner optimizer clips). Clipping first caps the norm at ``clip`` in scaled units,
     i.e. at ``clip / loss_scale`` after unscaling: the update nearly vanishes.
     """
-    model, loss_fn = p.build_model(), as_loss_fn(p.loss)
+    model, loss_fn = p.build_model(), keras_loss(p.loss)
     lso = p.make_optimizer()
     if not isinstance(lso, keras.optimizers.LossScaleOptimizer):
         raise ValueError(
@@ -630,7 +639,7 @@ def tf_function_epoch_divide_by_k(p: Problem) -> keras.Model:
     after the loop, once more for a partial window: still divided by K instead of by its
     r micro-batches, so the epoch's last update is r/K of what it should be.
     """
-    model, opt, loss_fn = p.build_model(), p.make_optimizer(), as_loss_fn(p.loss)
+    model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     k = p.accum_steps
     variables = model.trainable_variables
     opt.build(variables)
