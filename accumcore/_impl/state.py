@@ -65,6 +65,11 @@ class AccumulationState(tf.Module):
     policy's stop is in no checkpoint). ``undivided_accumulators`` (the same shapes) exist
     only once a micro-batch brought ``undivided`` gradients (a sum over samples beside a
     mean loss: :meth:`accumulate`). :meth:`variables_for_saving` lists them.
+
+    In a ``train_step`` of your own that calls :meth:`step`, give ``fit``
+    ``callbacks=[accumcore.WindowFlushCallback(state)]``: at each epoch's end it applies the
+    partial window (:meth:`end_epoch`) and raises the ``"raise"`` policy's stop
+    (:meth:`raise_if_nonfinite`), as ``fit`` after ``accumulate`` does.
     """
 
     def __init__(self, accum_steps: int, *, nonfinite: str | NonFinitePolicy = "raise",
