@@ -27,6 +27,9 @@
 #        STACKS_PART=fast|nbval bash scripts/test-stacks.sh [LEG...]  (one part of each leg:
 #                                                          scripts/test.sh runs them as steps
 #                                                          of their own)
+#        STACKS_PART=python bash scripts/test-stacks.sh    (each leg's Python interpreter, or
+#                                                          the one line saying how to install
+#                                                          it: scripts/test.sh checks first)
 #        STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh   (create/refresh the venvs only, in
 #                                                          parallel: scripts/test.sh runs this
 #                                                          in the background)
@@ -35,8 +38,10 @@
 #          -p no:cacheprovider book/01_eager_loop.ipynb
 set -euo pipefail
 case "${STACKS_PART:-}" in
-  ""|fast|nbval) ;;
-  *) echo "STACKS_PART must be fast or nbval (or empty: both), not '$STACKS_PART'" >&2; exit 2 ;;
+  ""|fast|nbval|python) ;;
+  *) echo "STACKS_PART must be fast, nbval or python (or empty: fast and nbval), not" \
+       "'$STACKS_PART'" >&2
+     exit 2 ;;
 esac
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -69,10 +74,10 @@ TOOLS=(
   "$(grep -E '^ipykernel==' requirements.txt)"
 )
 
-# find_python X.Y: prints the path of a Python X.Y interpreter (`pythonX.Y` on PATH where it
-# runs, else pyenv's); with neither, fails with one line saying how to install it.
+# find_python X.Y FOR: prints the path of a Python X.Y interpreter (`pythonX.Y` on PATH where it
+# runs, else pyenv's); with neither, fails with one line, naming FOR, saying how to install it.
 find_python() {
-  local version="$1" found prefix
+  local version="$1" for="$2" found prefix
   found="$(command -v "python$version" 2> /dev/null || true)"
   if [ -n "$found" ] && "$found" -c "" > /dev/null 2>&1; then
     echo "$found"
@@ -83,8 +88,8 @@ find_python() {
     echo "$prefix/bin/python$version"
     return
   fi
-  echo "no Python $version (neither python$version on PATH nor pyenv's): install it, e.g." \
-    "\`pyenv install $version\` or your system's python$version package (apt-get install" \
+  echo "no Python $version for $for (neither python$version on PATH nor pyenv's): install it," \
+    "e.g. \`pyenv install $version\` or your system's python$version package (apt-get install" \
     "python$version, brew install python@$version), then run again" >&2
   return 1
 }
@@ -115,7 +120,7 @@ make_venv() {
   if [ -x "$dir/bin/python" ] && [ "$(cat "$dir/.accumcore-pins" 2>/dev/null)" = "$stamp" ]; then
     echo "$dir: up to date (Python $py, $pins)"
   else
-    python="$(find_python "$py")"
+    python="$(find_python "$py" "$dir")"
     echo "$dir: installing $pins on $python ($("$python" -V 2>&1))"
     rm -rf "$dir"
     "$python" -m venv "$dir"
@@ -210,6 +215,14 @@ for want in "${wanted[@]}"; do
   selected+=("$found")
 done
 
+if [ "${STACKS_PART:-}" = python ]; then
+  for leg in "${selected[@]}"; do
+    read -r name dir py _ <<< "$leg"
+    interpreter="$(find_python "$py" "stack leg '$name' ($dir)")"
+    echo "stack leg '$name': Python $py: $interpreter"
+  done
+  exit
+fi
 if [ "${STACKS_SETUP_ONLY:-0}" = 1 ]; then
   # Every venv at once: pip is mostly one process unpacking and compiling, so two fill 2 cores.
   pids=()

@@ -116,8 +116,11 @@ in_background() {
 
 # The other stacks' venvs (pip: downloads, unpacking, compiling) are made in the background from
 # the start, beside .venv/'s setup (pip is mostly one process: two fill the 2 cores) and the
-# first steps; step_stacks waits for them and shows their log.
+# first steps; the stacks step waits for them and shows their log. Their Pythons are found
+# first: a missing one (Colab's 3.13) stops the run at once, with one line saying how to
+# install it.
 if selected stacks; then
+  STACKS_PART=python bash scripts/test-stacks.sh
   stacks_log="$ACCUMCORE_DIST/stacks-setup.log"
   in_background "$stacks_log" env STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh
   stacks_setup=$!
