@@ -171,7 +171,7 @@ nbval_notebooks() {
 # run_leg NAME DIR PY TF KERAS HUB WHAT: the leg's parts ($STACKS_PART: fast, nbval; empty: all)
 run_leg() {
   local name="$1" dir="$2" py="$3" tf="$4" keras="$5" hub="$6" what="$7" part="${STACKS_PART:-}"
-  local t notebooks
+  local t list notebooks rc=0
   t=$(date +%s)
   echo "== stack leg '$name': Python $py, tensorflow-cpu $tf + keras $keras + keras-hub $hub" \
     "($dir): $what"
@@ -183,16 +183,21 @@ run_leg() {
       -m "not slow" -n 2
   fi
   if [ "$what" = fast+nbval ] && [ "$part" != fast ]; then
-    mapfile -t notebooks < <(nbval_notebooks)
+    list="$(nbval_notebooks)"
+    mapfile -t notebooks <<< "$list"
     echo "== [$name] nbval: ${#notebooks[@]} notebooks (ACCUMCORE_QUICK=$ACCUMCORE_QUICK)," \
       "two at a time"
     # --nbval-current-env: the kernel is this venv's Python, not a kernelspec's. --dist
     # loadfile: a notebook's cells stay on one worker, in order. No ACCUMCORE_BOOK_BUILD: glue
-    # records nothing, as on Colab.
+    # records nothing, as on Colab. The summary (one line per notebook) also after a failure.
+    rm -f "$dir/nbval.xml"
     env -u ACCUMCORE_BOOK_BUILD PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest \
       --nbval-lax --nbval-current-env -p no:cacheprovider -q -n 2 --dist loadfile \
-      --junitxml "$dir/nbval.xml" "${notebooks[@]}"
-    "$dir/bin/python" scripts/nbval_summary.py "$dir/nbval.xml"
+      --junitxml "$dir/nbval.xml" "${notebooks[@]}" || rc=$?
+    if [ -f "$dir/nbval.xml" ]; then
+      "$dir/bin/python" scripts/nbval_summary.py "$dir/nbval.xml" || [ "$rc" -ne 0 ] || rc=1
+    fi
+    [ "$rc" -eq 0 ] || { echo "== [$name] nbval FAILED (exit $rc)"; return "$rc"; }
   fi
   echo "== stack leg '$name'${part:+ ($part)} passed in $(( $(date +%s) - t )) s"
 }
