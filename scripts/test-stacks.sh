@@ -188,12 +188,14 @@ run_leg() {
     echo "== [$name] nbval: ${#notebooks[@]} notebooks (ACCUMCORE_QUICK=$ACCUMCORE_QUICK)," \
       "two at a time"
     # --nbval-current-env: the kernel is this venv's Python, not a kernelspec's. --dist
-    # loadfile: a notebook's cells stay on one worker, in order. No ACCUMCORE_BOOK_BUILD: glue
+    # loadfile: a notebook's cells stay on one worker, in order; --no-loadscope-reorder: the
+    # notebooks are handed out in the order given (xdist would sort them by their number of
+    # cells), the next one to the worker that is finishing. No ACCUMCORE_BOOK_BUILD: glue
     # records nothing, as on Colab. The summary (one line per notebook) also after a failure.
     rm -f "$dir/nbval.xml"
     env -u ACCUMCORE_BOOK_BUILD PATH="$ROOT/$dir/bin:$PATH" "$dir/bin/python" -m pytest \
       --nbval-lax --nbval-current-env -p no:cacheprovider -q -n 2 --dist loadfile \
-      --junitxml "$dir/nbval.xml" "${notebooks[@]}" || rc=$?
+      --no-loadscope-reorder --junitxml "$dir/nbval.xml" "${notebooks[@]}" || rc=$?
     if [ -f "$dir/nbval.xml" ]; then
       "$dir/bin/python" scripts/nbval_summary.py "$dir/nbval.xml" || [ "$rc" -ne 0 ] || rc=1
     fi
