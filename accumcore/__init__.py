@@ -21,15 +21,19 @@ def _check_tensorflow() -> None:
     """Raises ``ImportError`` naming the versions found and supported unless TF/Keras fit.
 
     Supported: TensorFlow >= 2.20 with Keras >= 3.13 (Keras 3 on the TensorFlow backend), the
-    oldest stack CI runs; newer releases are not refused. The tested stacks are listed on the
-    book's "Supported versions" page (``book/reference/versions.md``), and TF 2.16-2.19 there
+    oldest stack CI runs; newer releases are not refused. CI tests two stacks, each on its own
+    Python: the pinned newest on Python 3.11 (every test, and every notebook in the book's
+    ``-W -n`` build) and Colab's runtime on Python 3.13 (the tests not marked ``slow``, and
+    every notebook under nbval); pip enforces ``requires-python`` (>= 3.11). The book's
+    "Supported versions" page (``book/reference/versions.md``) lists them, and TF 2.16-2.19
     with why they are not supported.
     """
     import re
 
     supported = (
         "accumcore supports TensorFlow >= 2.20 with Keras >= 3.13 on the TensorFlow backend "
-        "(tested: TF 2.21.0 + Keras 3.15.1, TF 2.20.0 + Keras 3.13.2)"
+        "(tested: TF 2.21.0 + Keras 3.15.1 on Python 3.11, TF 2.20.0 + Keras 3.13.2 on "
+        "Python 3.13)"
     )
 
     def major_minor(version: str) -> tuple[int, int]:

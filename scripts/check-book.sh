@@ -4,8 +4,9 @@
 #   (b) a clean `jupyter-book build` of whatever _toc.yml lists, warnings as errors (-W -n):
 #       it executes every notebook top to bottom, and a cell that raises fails the build
 #       (allow_errors: false, nb_execution_raise_on_error; the cells assert each claim). The
-#       kernel is Jupyter's "python3": the main .venv's, or the one JUPYTER_PATH names first
-#       (scripts/test.sh: Colab's stack, scripts/test-stacks.sh); its stack is printed first;
+#       kernel is Jupyter's "python3": the main .venv's (the pinned stack, as in the README's
+#       main command; or the one JUPYTER_PATH names first); its Python and stack are printed
+#       first (Colab's stack runs every notebook under nbval: scripts/test-stacks.sh);
 #   (b') every number a notebook's prose quotes is printed, glued or set in a visible cell of
 #       that page, and every comparison word about a measurement ("faster", "a tie", "grew")
 #       is computed and glued, not written (scripts/check_prose_numbers.py over the build's

@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
 # Install everything and run every check: lint, the package, unit tests, the book (every
-# notebook executed by its -W -n build, then a browser check), the benchmark smoke test, the
-# other stack of scripts/test-stacks.sh (Colab's, the declared minimum: its fast tests, and the
-# book step's notebooks run on its Python). This is exactly what CI runs (.ci/run).
+# notebook executed by its -W -n build on the pinned stack, then the prose and browser checks),
+# the benchmark smoke test, the other stack of scripts/test-stacks.sh (Colab's, on Python 3.13,
+# the declared minimum: its fast tests, then every notebook under nbval). Each notebook is
+# executed once per stack. This is exactly what CI runs (.ci/run).
 #
 # Usage: bash scripts/test.sh                  every step (CI)
 #        bash scripts/test.sh --only STEP[,STEP]  only those steps, e.g. --only book or
 #                                              --only fast,slow (setup always runs)
 # Steps: lint package fast slow book bench stacks. The order, for 2 cores:
-#   1. lint, package, fast (pytest -n 2), then the stacks step's fast tests (pytest -n 2): one
-#      at a time, their output as it comes;
+#   1. lint, package, fast (pytest -n 2), then the stacks step's fast tests (pytest -n 2) and
+#      its nbval (two notebooks at a time, pytest-xdist): one at a time, their output as it
+#      comes;
 #   2. the one-process steps, two at a time (longest first: book, slow, bench; the next
 #      starts when one ends): each writes its own log, shown whole, its name first, when it
 #      ends (a phase of one step runs as in 1).
-# With the stacks step, the book step executes the notebooks on Colab's stack (the stacks
-# step's kernel), where readers run them: each notebook runs once. Without it (--only book),
-# on the pinned stack, as the README's main command does.
 # A failing step stops the run, with its name and its output; the other steps and every
 # background job are ended (with their child processes). The wall and CPU time of every step
 # that ran, setup (.venv/) included, is printed at the end; the background jobs (the other
@@ -117,8 +116,11 @@ in_background() {
 
 # The other stacks' venvs (pip: downloads, unpacking, compiling) are made in the background from
 # the start, beside .venv/'s setup (pip is mostly one process: two fill the 2 cores) and the
-# first steps; step_stacks waits for them and shows their log.
+# first steps; the stacks step waits for them and shows their log. Their Pythons are found
+# first: a missing one (Colab's 3.13) stops the run at once, with one line saying how to
+# install it.
 if selected stacks; then
+  STACKS_PART=python bash scripts/test-stacks.sh
   stacks_log="$ACCUMCORE_DIST/stacks-setup.log"
   in_background "$stacks_log" env STACKS_SETUP_ONLY=1 bash scripts/test-stacks.sh
   stacks_setup=$!
@@ -129,6 +131,10 @@ echo "== setup (.venv/: scripts/setup.sh)"
 source scripts/setup.sh
 export ACCUMCORE_QUICK="${ACCUMCORE_QUICK:-1}"
 record setup
+# The pinned stack and its Python (Colab's leg prints its own: scripts/test-stacks.sh)
+python -c "import sys; from importlib.metadata import version as v; print('== pinned stack' \
+  ' (.venv/): Python', sys.version.split()[0], '(' + sys.executable + '), TensorFlow', \
+  v('tensorflow-cpu'), '+ Keras', v('keras'), '+ keras-hub', v('keras-hub'))"
 
 # A browser for the book step's browser check, installed (apt-get, where none is found) in the
 # background while the unit tests run; step_book waits for it.
@@ -168,11 +174,7 @@ step_slow() {  # multi-process, soak and packaging tests, one at a time
   python -m pytest tests -q -p no:cacheprovider -m slow
 }
 
-step_book() {  # every notebook executed by the -W -n build, then the browser check
-  if selected stacks; then  # on Colab's stack: a kernel on its venv, found first
-    JUPYTER_PATH="$(STACKS_PART=kernel bash scripts/test-stacks.sh colab)${JUPYTER_PATH:+:$JUPYTER_PATH}"
-    export JUPYTER_PATH
-  fi
+step_book() {  # every notebook executed by the -W -n build (pinned stack), prose and browser
   bash scripts/check-book.sh
 }
 
@@ -184,15 +186,16 @@ step_bench() {  # quick mode: checks the outputs are well-formed, never a speed
   rm -rf "$out"
 }
 
-# The stacks step (scripts/test-stacks.sh: Colab's stack, the declared minimum): its fast tests
-# on 2 processes, alone (its notebooks: the book step).
-step_stacks() { bash scripts/test-stacks.sh; }
+# The stacks step in two parts (scripts/test-stacks.sh: Colab's stack on Python 3.13, the
+# declared minimum), each on 2 processes, alone: its fast tests, then nbval over every notebook.
+step_stacks_fast() { STACKS_PART=fast bash scripts/test-stacks.sh; }
+step_stacks_nbval() { STACKS_PART=nbval bash scripts/test-stacks.sh; }
 
-# label ID: the name a step is shown and summed up under.
+# label ID: the name a step (or part) is shown and summed up under.
 label() {
   case "$1" in
-    stacks) echo "stacks (fast)" ;;
-    book) if selected stacks; then echo "book (Colab's)"; else echo "book"; fi ;;
+    stacks_fast) echo "stacks (fast)" ;;
+    stacks_nbval) echo "stacks (nbval)" ;;
     *) echo "$1" ;;
   esac
 }
@@ -288,7 +291,8 @@ if selected stacks; then
   mark
   wait_for "stack venv" "$stacks_setup" "$stacks_log" || true
   record "(waited: venv)"
-  run_step stacks
+  run_step stacks_fast
+  run_step stacks_nbval
 fi
 # 2. the one-process steps, two at a time, longest first
 if selected book; then

@@ -22,7 +22,7 @@ from typing import Any
 
 PROGRESS_ENV = "ACCUMCORE_PROGRESS"
 # Set by the book's builds (scripts/check-book.sh, scripts/build-book.sh): the notebook runs
-# inside a Jupyter Book build, whose kernel may lack myst-nb (Colab's stack in CI).
+# inside a Jupyter Book build, whose kernel may lack myst-nb (a kernel on Colab's stack).
 BUILD_ENV = "ACCUMCORE_BOOK_BUILD"
 # myst-nb's (and papermill's) prefix of a glued value's hidden display keys.
 GLUE_PREFIX = "application/papermill.record/"
