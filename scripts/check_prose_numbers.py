@@ -26,12 +26,23 @@ The third rule: the sentences of ``KNOWN_CONTRADICTIONS`` (each contradicted by 
 numbers when a reader found it, or machinery shown to readers) must not return, written or
 glued.
 
+The fourth rule: what only the build should see stays off the page: a visible code cell (or
+the output it shows) that names build machinery (``MACHINERY``: "hidden cell", cell tags, the
+build's folders and variables); a reference to a numbered section ("section 2", "sections 4
+to 6") that no numbered heading of the page carries (another page's section, "chapter 7's
+section 3", is not checked); and a value glued from a file rather than computed by the page's
+code (``glued_from_files``: a glue whose value depends on something read with ``open``,
+``json.load``, ``np.load`` or a function that reads a file), unless ``ALLOWED_FILE_GLUE``
+lists it for that page with why. These read the sources too, so ``tests/test_prose_numbers.py``
+runs them on ``book/*.ipynb`` without a build.
+
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
 and one per uncomputed comparison)
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import pathlib
 import re
@@ -387,6 +398,143 @@ def known_contradictions(stem: str, notebook: dict, outputs: bool = True) -> lis
             for match in [re.search(pattern, text, re.I)] if match]
 
 
+# ---------------------------------------------------------------------------- machinery
+#: Build machinery a reader must not see in a visible code cell or its output.
+MACHINERY = re.compile(
+    r"hidden cell|\b(?:remove-(?:cell|input|output|stderr)|hide-input)\b"
+    r"|ACCUMCORE_BOOK_BUILD|jupyter_execute|\b_build/", re.I)
+#: Tags that keep a cell's output off the page.
+OUTPUT_HIDDEN = {"remove-cell", "remove-output"}
+
+
+def machinery_shown(notebook: dict) -> list[str]:
+    """The lines of visible code cells, and of the outputs the page shows, that name build
+    machinery (``MACHINERY``), one problem each."""
+    problems = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        texts = [] if tags & HIDDEN else ["".join(cell["source"])]
+        if not tags & OUTPUT_HIDDEN:
+            texts += ["".join(output.get("text", "")) for output in cell.get("outputs", [])]
+        problems += [f"machinery shown: {line.strip()!r}" for text in texts
+                     for line in text.splitlines() if MACHINERY.search(line)]
+    return problems
+
+
+_SECTION_REFERENCE = re.compile(
+    r"(?<!'s )\bsections? (\d+(?:(?:,| and| to|-) ?\d+)*)", re.I)
+_NUMBERED_HEADING = re.compile(r"^#{2,4} (\d+)\.", re.M)
+
+
+def missing_sections(notebook: dict) -> list[str]:
+    """The references to a numbered section of this page ("section 2", "sections 4 to 6") whose
+    number no heading of the page carries, one problem each with its sentence."""
+    markdown = ["".join(cell["source"]) for cell in notebook["cells"]
+                if cell["cell_type"] == "markdown"]
+    numbers = {int(n) for text in markdown for n in _NUMBERED_HEADING.findall(text)}
+    problems = []
+    for text in markdown:
+        for written, words in sentences(text):
+            for match in _SECTION_REFERENCE.finditer(words):
+                cited: set[int] = set()
+                for first, last in re.findall(r"(\d+)(?: to |-)(\d+)", match.group(1)):
+                    cited.update(range(int(first), int(last) + 1))
+                cited.update(int(n) for n in re.findall(r"\d+", match.group(1)))
+                problems += [f"section {n} cited, no heading '{n}.' on the page: {written}"
+                             for n in sorted(cited - numbers)]
+    return problems
+
+
+#: Calls that read a file: a value computed from their result came from the file.
+FILE_READERS = {"open", "load", "loads", "read_text", "read_bytes", "read_csv", "read_json",
+                "urlopen"}
+#: page (notebook stem) -> {glue name: why it may be glued from a file}.
+ALLOWED_FILE_GLUE: dict[str, dict[str, str]] = {
+    "guide_colab_gpu": {
+        "gpu_measured": "says whether a GPU run is committed to the repository (quotes its "
+                        "date, no measurement)",
+    },
+}
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+
+
+def _reads(node: ast.AST, readers: set[str], tainted: set[str]) -> bool:
+    """Whether ``node`` calls a reader or uses a name computed from one."""
+    return any(
+        (isinstance(sub, ast.Call) and _called_name(sub) in readers)
+        or (isinstance(sub, ast.Name) and sub.id in tainted)
+        for sub in ast.walk(node))
+
+
+def _trees(notebook: dict) -> list[ast.Module]:
+    trees = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code":
+            try:
+                trees.append(ast.parse("".join(cell["source"])))
+            except SyntaxError:  # a cell magic: not Python
+                continue
+    return trees
+
+
+def glued_from_files(notebook: dict, allowed: dict[str, str]) -> list[str]:
+    """The glue calls whose value depends on a file read (``FILE_READERS``, a function of the
+    page that calls one, or a name assigned from either), one problem each, unless
+    ``allowed`` names the glue; and the entries of ``allowed`` that match no such glue."""
+    trees = _trees(notebook)
+    readers, tainted = set(FILE_READERS), set()
+    changed = True
+    while changed:  # to a fixed point: a reader's result read by another name, and so on
+        size = len(readers) + len(tainted)
+        for node in (n for tree in trees for n in ast.walk(tree)):
+            if isinstance(node, ast.FunctionDef) and _reads(node, readers, tainted):
+                readers.add(node.name)
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For))
+                       else [])
+            value = node.iter if isinstance(node, ast.For) else getattr(node, "value", None)
+            if targets and value is not None and _reads(value, readers, tainted):
+                tainted.update(name.id for target in targets for name in ast.walk(target)
+                               if isinstance(name, ast.Name))
+        changed = len(readers) + len(tainted) > size
+    problems, used = [], set()
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if not (isinstance(node, ast.Call) and _called_name(node) == "glue" and node.args):
+            continue
+        key = node.args[0].value if isinstance(node.args[0], ast.Constant) else "?"
+        if any(_reads(arg, readers, tainted) for arg in node.args[1:]):
+            if key in allowed:
+                used.add(key)
+            else:
+                problems.append(f"glued from a file, not computed on the page: {key!r}")
+    problems += [f"allowed file glue matches no glue from a file: {key!r}"
+                 for key in allowed if key not in used]
+    return problems
+
+
+#: Pages still built on a committed file, each with the change that moves its numbers onto the
+#: page: their glues from files are not reported, and the entry fails once none is left.
+FILE_GLUE_PENDING: dict[str, str] = {
+    "07_memory_speed": "reads the committed benchmark run (benchmarks/results/): issue 48 "
+                       "rewrites the chapter to measure on its page",
+}
+
+
+def page_problems(stem: str, notebook: dict) -> list[str]:
+    """The fourth rule's problems of one page (sources or executed)."""
+    from_files = glued_from_files(notebook, ALLOWED_FILE_GLUE.get(stem, {}))
+    if stem in FILE_GLUE_PENDING:
+        from_files = [] if from_files else [
+            "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
+    return machinery_shown(notebook) + missing_sections(notebook) + from_files
+
+
 def main(argv: list[str]) -> int:
     folder = pathlib.Path(argv[0] if argv else "_build/jupyter_execute/book")
     notebooks = sorted(folder.glob("*.ipynb"))
@@ -402,10 +550,13 @@ def main(argv: list[str]) -> int:
             compared.append(f"{path.stem}: {problem}")
         for problem in known_contradictions(path.stem, notebook):
             compared.append(f"{path.stem}: {problem}")
+        for problem in page_problems(path.stem, notebook):
+            compared.append(f"{path.stem}: {problem}")
     for line in failures + compared:
         print(line)
     print(f"check_prose_numbers: {len(notebooks)} pages, {len(failures)} unshown numbers, "
-          f"{len(compared)} uncomputed comparisons or known contradictions")
+          f"{len(compared)} uncomputed comparisons, known contradictions, machinery, missing "
+          "sections or values glued from files")
     return 1 if failures or compared else 0
 
 

@@ -484,3 +484,25 @@ def test_readme_links_into_the_book_name_its_pages():
     assert len(re.findall(re.escape(pages) + r"book/", readme)) >= 20  # the links were seen
     assert book_links_without_a_page(f"{pages}book/no_such_page.html", pages, toc) == [
         "book/no_such_page"]
+
+
+# The test citations are MyST comments, unrendered: prose that points readers at them promises
+# what the page does not show (a reader found "the test files named below" with none below).
+_UNSHOWN_TESTS = re.compile(r"tests?(?: files)? (?:named|listed|cited) below|ends with the test"
+                            r"(?: files)?|the library's tests", re.I)
+
+
+def unshown_test_references(text: str) -> list[str]:
+    """The rendered lines of a Markdown page (not ``%`` comments) that point at test names
+    readers cannot see."""
+    return [line.strip() for line in text.splitlines()
+            if not line.lstrip().startswith("%") and _UNSHOWN_TESTS.search(line)]
+
+
+def test_no_reference_page_points_readers_at_tests_they_cannot_see():
+    assert unshown_test_references("The tests named below assert it.\n% Tested in `tests/a.py`.")
+    assert unshown_test_references("% the tests named below: a comment\nA test holds it.") == []
+    pages = sorted((ROOT / "book").glob("**/*.md"))
+    problems = [f"{page.relative_to(ROOT)}: {line}" for page in pages
+                for line in unshown_test_references(page.read_text())]
+    assert not problems, "\n".join(problems)

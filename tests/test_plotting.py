@@ -164,3 +164,16 @@ def test_bars_legend_outside_the_axes_and_none_for_a_single_series():
     single = plotting.bars(None, {"a": {"seconds": 1.0}, "b": {"seconds": 2.0}},
                            title="t", xlabel="run", ylabel="seconds per epoch")
     assert single.get_legend() is None
+
+
+def test_curves_over_whole_numbers_get_whole_ticks():
+    epochs = np.arange(1, 4)  # 3 epochs: matplotlib's default ticks would be 1.0, 1.25, ...
+    ax = plotting.curves(None, {"loss": (epochs, [1.0, 0.5, 0.2])}, title="t", xlabel="epoch",
+                         ylabel="y")
+    ax.figure.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    ax = plotting.curves(None, {"loss": ([0.5, 1.5, 2.25], [1.0, 0.5, 0.2])}, title="t",
+                         xlabel="x", ylabel="y")
+    ax.figure.canvas.draw()
+    assert not all(float(t).is_integer() for t in ax.get_xticks())

@@ -202,3 +202,73 @@ def test_positional_words_and_sentences_without_a_measurement_pass():
     assert checker.uncomputed_comparisons(_page("The function below is exactly that loop."),
                                           {}) == []
     assert checker.uncomputed_comparisons(_page("It calls `apply` exactly once."), {}) == []
+
+
+# ---------------------------------------------------------------------------- machinery, sections
+def test_machinery_in_a_visible_code_cell_or_its_output_fails():
+    shown = _page("text", code="x = load()  # hidden cell: where the page looks")
+    assert checker.machinery_shown(shown) == [
+        "machinery shown: 'x = load()  # hidden cell: where the page looks'"]
+    printed = _page("text", output="wrote _build/jupyter_execute/book/x.ipynb\n")
+    assert len(checker.machinery_shown(printed)) == 1
+    # the same line in a removed cell, or an output the page hides, is not shown
+    assert checker.machinery_shown(_page("text", code="# hidden cell", tags=("remove-cell",)))\
+        == []
+    assert checker.machinery_shown(_page("text", output="_build/x", code="run()",
+                                         tags=("remove-output",))) == []
+    assert checker.machinery_shown(_page("text", code="x = load()  # the committed run")) == []
+
+
+def test_a_reference_to_a_section_the_page_lacks_fails():
+    page = {"cells": [{"cell_type": "markdown", "metadata": {}, "source":
+                       "## 1. BatchNorm\n\ntext\n\n## 3. Keras\n\n* Dropout: see (section 2).\n"
+                       "* BatchNorm and Keras (sections 1 and 3), also sections 1 to 3."}]}
+    assert checker.missing_sections(page) == [
+        "section 2 cited, no heading '2.' on the page: * Dropout: see (section 2).",
+        "section 2 cited, no heading '2.' on the page: * BatchNorm and Keras (sections 1 and "
+        "3), also sections 1 to 3."]
+    source = page["cells"][0]["source"]
+    page["cells"][0]["source"] = source.replace("## 3.", "## 2. Dropout\n\n## 3.")
+    assert checker.missing_sections(page) == []
+    # another page's section is not this page's
+    assert checker.missing_sections(_page("As chapter 7's section 3 shows.")) == []
+
+
+def test_a_value_glued_from_a_file_fails_and_a_computed_one_passes():
+    from_file = _page("It took {glue:text}`minutes`.", code=(
+        "def committed():\n    with open('results.json') as f:\n        return json.load(f)\n"
+        "results = committed()\nrows = results['rows']\nglue('minutes', rows[0] / 60)"))
+    assert checker.glued_from_files(from_file, {}) == [
+        "glued from a file, not computed on the page: 'minutes'"]
+    assert checker.glued_from_files(from_file, {"minutes": "a date of the repository"}) == []
+    computed = _page("It took {glue:text}`minutes`.", code=(
+        "start = time.perf_counter()\ntrain()\nglue('minutes', (time.perf_counter() - start) "
+        "/ 60)"))
+    assert checker.glued_from_files(computed, {}) == []
+    assert checker.glued_from_files(computed, {"minutes": "x"}) == [
+        "allowed file glue matches no glue from a file: 'minutes'"]
+
+
+def test_a_pending_page_fails_once_it_glues_nothing_from_a_file():
+    stem = next(iter(checker.FILE_GLUE_PENDING))
+    computed = _page("It took {glue:text}`minutes`.", code="glue('minutes', 3)")
+    assert checker.page_problems(stem, computed) == [
+        "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
+
+
+def test_main_reports_machinery(tmp_path, capsys):
+    (tmp_path / "page.ipynb").write_text(json.dumps(_page("a 0.25 b", "0.25",
+                                                          code="x = 1  # hidden cell")))
+    assert checker.main([str(tmp_path)]) == 1
+    assert "page: machinery shown: 'x = 1  # hidden cell'" in capsys.readouterr().out
+
+
+def test_no_page_of_the_book_shows_machinery_cites_a_missing_section_or_glues_a_file():
+    """The sources (their outputs are checked in the build)."""
+    notebooks = sorted(BOOK.glob("*.ipynb"))
+    problems = [f"{path.stem}: {problem}" for path in notebooks
+                for problem in checker.page_problems(
+                    path.stem, json.loads(path.read_text(encoding="utf-8")))]
+    assert not problems, "\n".join(problems)
+    stems = {path.stem for path in notebooks}
+    assert set(checker.ALLOWED_FILE_GLUE) | set(checker.FILE_GLUE_PENDING) <= stems

@@ -11,6 +11,7 @@ Modules:
     :mod:`accumcore.lab.plotting`      the book's figures (titles, labels, units, palette)
     :mod:`accumcore.lab.benchmarking`  what chapter 7 runs live, and the benchmark suite
     :mod:`accumcore.lab.devices`       simulated replicas and counted reductions (chapter 8)
+    :mod:`accumcore.lab.pretraining`   a small GPT-2 pretrained and saved as a KerasHub preset (3b)
 """
 
 from accumcore.lab.data import MNIST, load_mnist

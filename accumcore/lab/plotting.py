@@ -17,6 +17,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
 
 #: Okabe-Ito colours, ordered for contrast on white (blue, vermillion, bluish green, orange,
 #: sky blue, reddish purple, black, yellow).
@@ -98,6 +99,7 @@ def curves(
     if not series:
         raise ValueError("`series` is empty: pass at least one {label: values} entry.")
     ax = _axes(ax)
+    whole_x = True  # every x a whole number (epochs, steps): integer ticks only
     for i, (label, values) in enumerate(series.items()):
         if isinstance(values, tuple) and len(values) == 2:
             xs, ys = np.asarray(values[0], float), np.asarray(values[1], float)
@@ -109,6 +111,7 @@ def curves(
                 f"Series {label!r}: x has shape {xs.shape} but y has shape {ys.shape}; they must "
                 "match (pass `x=` or give the series as (x, y))."
             )
+        whole_x = whole_x and bool(np.all(xs == np.round(xs)))
         ax.plot(
             xs, ys, label=str(label), color=color(i), linestyle=_LINESTYLES[i % 4],
             marker=_MARKERS[i % len(_MARKERS)] if markers else None, markersize=4,
@@ -116,6 +119,8 @@ def curves(
         )
     if logx:
         ax.set_xscale("log")
+    elif whole_x:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if logy:
         ax.set_yscale("log")
     _label(ax, title, xlabel, ylabel)
