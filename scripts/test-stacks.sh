@@ -106,12 +106,16 @@ pip_in() {
 }
 
 # make_venv DIR PY TF KERAS HUB: the venv DIR on Python PY (X.Y) with tensorflow-cpu==TF,
-# keras==KERAS, TOOLS, keras-hub==HUB (--no-deps, with requirements-no-deps.txt's other pins),
+# keras==KERAS, TOOLS, keras-hub==HUB and tensorflow-text (--no-deps, with requirements-no-deps.txt's other pins),
 # accumcore (editable).
 make_venv() {
   local dir="$1" py="$2" tf="$3" keras="$4" hub="$5" t python
   local nodeps
   nodeps="keras-hub==$hub $(grep -E '^(regex|tokenizers)==' requirements-no-deps.txt | tr '\n' ' ')"
+  # tensorflow-text of the leg's TF minor (Colab's list: 2.20.1 beside TF 2.20.0): KerasHub
+  # 0.26's GPT-2 tokenizer needs it (chapter 3b); --no-deps, as its `tensorflow` requirement
+  # would bring the full TF wheel beside tensorflow-cpu
+  nodeps+=" tensorflow-text~=${tf%.*}.0"
   local pins="tensorflow-cpu==$tf keras==$keras ${TOOLS[*]} $nodeps"
   # accumcore's editable install holds this checkout's path and pyproject.toml's metadata
   local stamp
