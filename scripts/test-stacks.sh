@@ -106,8 +106,8 @@ pip_in() {
 }
 
 # make_venv DIR PY TF KERAS HUB: the venv DIR on Python PY (X.Y) with tensorflow-cpu==TF,
-# keras==KERAS, TOOLS, keras-hub==HUB and tensorflow-text (--no-deps, with requirements-no-deps.txt's other pins),
-# accumcore (editable).
+# keras==KERAS, TOOLS, keras-hub==HUB and tensorflow-text (--no-deps, with
+# requirements-no-deps.txt's other pins), accumcore (editable).
 make_venv() {
   local dir="$1" py="$2" tf="$3" keras="$4" hub="$5" t python
   local nodeps
