@@ -344,7 +344,8 @@ def _bn_warnings(record) -> list[str]:
 @pytest.mark.parametrize("mode", [
     "accum_steps",
     pytest.param("micro_batch_size", marks=pytest.mark.xfail(
-        strict=True, reason="issue 47: no stock-BatchNorm warning in split mode"))])
+        strict=True, reason="issue 47: no stock-BatchNorm warning in split mode",
+        raises=AssertionError))])
 def test_stock_batchnorm_warns_once_per_accum_model(data, mode):
     x, y = data
     how, batch_size = (dict(accum_steps=2), 8) if mode == "accum_steps" else (
