@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import keras
 import numpy as np
+import tensorflow as tf
 from helpers import make_data, seq_data, small_mlp
 from keras import layers, ops
 
@@ -363,6 +364,31 @@ def class_weight_data() -> tuple:
     return x, y, {"class_weight": {0: 1.0, 1: 3.0, 2: 0.5}}
 
 
+# ------------------------------------------------------------------------ raw strings
+WORDS = ("good", "bad", "fine", "awful", "movie", "plot", "great", "dull", "actor", "long")
+
+
+def strings_data() -> tuple:
+    """Raw text (N, 1) of 2 to 7 words and a float label (N,)."""
+    rng = _rng(13)
+    text = [[" ".join(rng.choice(WORDS, size=rng.integers(2, 8)))] for _ in range(N)]
+    # A string tensor: Keras 3.15's fit refuses numpy string arrays ("Invalid dtype").
+    return tf.constant(text), rng.integers(0, 2, size=N).astype("float32"), {}
+
+
+def text_vectorization() -> keras.Model:
+    """keras.io "Text classification from scratch", end to end: raw strings into an adapted
+    TextVectorization inside the model, Embedding(mask_zero=True), GlobalAveragePooling1D,
+    Dense sigmoid, binary cross-entropy."""
+    keras.utils.set_random_seed(0)
+    vectorize = layers.TextVectorization(max_tokens=16, output_sequence_length=8)
+    vectorize.adapt(strings_data()[0][:, 0])
+    text = keras.Input((1,), dtype="string")
+    h = layers.Embedding(16, 4, mask_zero=True)(vectorize(text))
+    return keras.Model(text, layers.Dense(1, activation="sigmoid")(
+        layers.GlobalAveragePooling1D()(h)))
+
+
 # ------------------------------------------------------------------------ the list
 # Tolerances (relative weight error max|w - w_ref| / max|w_ref - w_0|, float32): measured
 # 7e-8 .. 3.2e-7 with SGD and 7.5e-7 .. 1.5e-6 with Adam; tests/test_programs.py justifies them.
@@ -401,6 +427,9 @@ PROGRAMS: dict[str, Program] = {
     "autoencoder_reshape_function_loss": Program(
         autoencoder, lambda: dict(optimizer=adam(), loss=reconstruction_error),
         autoencoder_data, TOL_ADAM),
+    "text_vectorization_raw_strings": Program(
+        text_vectorization, lambda: dict(optimizer=sgd(0.5), loss="binary_crossentropy"),
+        strings_data, TOL_SGD),
     "class_weights": Program(
         lambda: small_mlp(), lambda: dict(
             optimizer=keras.optimizers.SGD(0.1, momentum=0.9),

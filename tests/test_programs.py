@@ -51,11 +51,14 @@ INNER_SHAPES = ("issue 47: the split's slices lose static inner shapes (a layer 
 #: the exception each raises today (any other exception is an error, not an expected failure):
 #: Keras's ValueError "Argument `output` must have rank (ndim) `target.ndim - 1`" (labels
 #: sliced to (None, None)); TypeError from a layer computing with a None inner dimension
-#: (CategoryEncoding, FoldLastAxes); pytest's "DID NOT WARN".
+#: (CategoryEncoding, FoldLastAxes); TextVectorization's ValueError "the input rank must be 1
+#: or the last shape dimension must be 1" (strings (N, 1) sliced to (None, None)); pytest's
+#: "DID NOT WARN".
 KNOWN = {("vision_n1_labels", "micro_batch_size"): (N1_LABELS, ValueError),
          ("timeseries_batchnorm", "micro_batch_size"): (BN_SPLIT, pytest.fail.Exception),
          ("structured_data_dict_inputs", "micro_batch_size"): (INNER_SHAPES, TypeError),
-         ("autoencoder_reshape_function_loss", "micro_batch_size"): (INNER_SHAPES, TypeError)}
+         ("autoencoder_reshape_function_loss", "micro_batch_size"): (INNER_SHAPES, TypeError),
+         ("text_vectorization_raw_strings", "micro_batch_size"): (INNER_SHAPES, ValueError)}
 
 
 def _cases() -> list:
