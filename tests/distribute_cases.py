@@ -117,6 +117,21 @@ def fit_ragged() -> dict:
 
 
 @case
+def fit_ragged_split() -> dict:
+    """AccumModel(micro_batch_size=3).fit at batch 12: each replica splits its 6 samples into
+    3 + 3; the last batch of 3 is ragged (2 + 1 per replica)."""
+    x, y = make_data(39)
+    initial, ref = reference_weights(adam, x, y, None, 6, 2)  # windows of 12
+    with mirrored().scope():
+        model = small_mlp(model_cls=ac.AccumModel, micro_batch_size=3)
+        model.compile(adam(), LOSS)
+    model.fit(x, y, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    return {"rel": relative_error(get_weights(model), ref, initial),
+            "counters": model.accumulation.counters(),
+            "iterations": int(model.optimizer.iterations.numpy())}
+
+
+@case
 def clipping_and_decay() -> dict:
     """Clipping must see the global window gradient (Keras clips per replica otherwise)."""
     x, y = make_data(40)
@@ -224,6 +239,16 @@ def mixed_precision() -> dict:
             "counters": history.counters,
             "scale": loss_scaling.loss_scale(trainer.optimizer),
         }
+        with mirrored().scope():  # fit with micro_batch_size: batches of K * b, split
+            model = build_mixed_model("mixed_float16", model_cls=ac.AccumModel,
+                                      micro_batch_size=micro)
+            model.compile(mixed_optimizer("mixed_float16"), LOSS)
+        model.fit(xs, y, batch_size=micro * k, epochs=1, shuffle=False, verbose=0)
+        out[f"{name}_fit_split"] = {
+            "rel": relative_error(get_weights(model), ref, initial),
+            "counters": model.accumulation.counters(),
+            "scale": loss_scaling.loss_scale(model.optimizer),
+        }
     return out
 
 
@@ -263,6 +288,11 @@ def tokens() -> dict:
             model.compile(make_opt(), token_loss())
         model.fit(x, y, batch_size=micro, epochs=1, shuffle=False, verbose=0)
         out[f"{name}_fit"] = {"rel": relative_error(get_weights(model), ref, initial)}
+        with strategy.scope():  # batches of K * b = 12, each replica splitting its 6: 3 + 3
+            model = seq_model(model_cls=ac.AccumModel, micro_batch_size=micro // 2)
+            model.compile(make_opt(), token_loss())
+        model.fit(x, y, batch_size=micro * k, epochs=1, shuffle=False, verbose=0)
+        out[f"{name}_fit_split"] = {"rel": relative_error(get_weights(model), ref, initial)}
     out["valid_tokens"] = float((x != 0).sum())
     return out
 

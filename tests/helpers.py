@@ -139,17 +139,21 @@ def built_state(k: int) -> tuple[keras.Model, ac.AccumulationState, keras.optimi
 
 
 ENTRIES = ("eager", "function", "graph", "window_step", "fit")
+#: ``fit`` with ``micro_batch_size=micro`` at ``batch_size=micro * k``: the same windows as
+#: "fit", each batch split in the step (:func:`train_entry` takes it beside :data:`ENTRIES`).
+FIT_SPLIT = "fit_split"
 
 
 def train_entry(entry: str, make_opt: Callable, x, y, sw, micro: int, k: int,
                 epochs: int = 1, loss=LOSS, **kwargs) -> keras.Model:
-    """Train ``small_mlp()`` with one accumcore entry point (one of :data:`ENTRIES`); returns
-    the trained model."""
-    if entry == "fit":
-        model = small_mlp(model_cls=ac.AccumModel, accum_steps=k, **kwargs)
+    """Train ``small_mlp()`` with one accumcore entry point (one of :data:`ENTRIES`, or
+    :data:`FIT_SPLIT`); returns the trained model."""
+    if entry in ("fit", FIT_SPLIT):
+        how = dict(accum_steps=k) if entry == "fit" else dict(micro_batch_size=micro)
+        model = small_mlp(model_cls=ac.AccumModel, **how, **kwargs)
         model.compile(make_opt(), loss)
-        model.fit(x, y, sample_weight=sw, batch_size=micro, epochs=epochs, shuffle=False,
-                  verbose=0)
+        model.fit(x, y, sample_weight=sw, batch_size=micro if entry == "fit" else micro * k,
+                  epochs=epochs, shuffle=False, verbose=0)
         return model
     model = small_mlp()
     trainer = ac.AccumTrainer(model, make_opt(), loss, accum_steps=k, **kwargs)

@@ -93,7 +93,8 @@ def _accum_model(seed: int = 0, run_eagerly: bool = True, **kwargs):
 
     import accumcore as ac
 
-    model = small_mlp(seed, model_cls=ac.AccumModel, accum_steps=K, **kwargs)
+    how = {} if "micro_batch_size" in kwargs else dict(accum_steps=K)
+    model = small_mlp(seed, model_cls=ac.AccumModel, **how, **kwargs)
     _script_seed()
     model.compile(keras.optimizers.Adam(0.01), LOSS, run_eagerly=run_eagerly)
     return model
@@ -319,6 +320,45 @@ def scenario_fit_exact_backup(tmp: Path) -> dict:
     restored.append(record)
     return {
         "runs": {"straight": _weights(straight), "resumed": _weights(resumed)},
+        "info": {"interrupted": interrupted, "restored": restored,
+                 "backup_deleted": not os.path.exists(backup),
+                 "straight_counters": straight.accumulation.counters(),
+                 "counters": resumed.accumulation.counters(),
+                 "straight_iterations": int(straight.optimizer.iterations.numpy()),
+                 "resumed_iterations": int(resumed.optimizer.iterations.numpy())},
+    }
+
+
+def scenario_fit_exact_backup_split(tmp: Path) -> dict:
+    """The same with ``micro_batch_size=b`` at ``fit(batch_size=K * b)``: batches of 24, 24, 12
+    (the windows of the ``accum_steps`` runs), ExactBackupAndRestore(save_freq=1); crash in
+    epoch 1 after its batch 1 (the backup holds batch 0: the crash comes before its save),
+    resume, crash at epoch 2's first batch (the backup holds epoch 1), resume to the end."""
+    from accumcore.checkpointing import fit_resumable
+
+    x, y = _data()
+    kw = dict(batch_size=MICRO * K, epochs=EPOCHS, shuffle=False, verbose=0)
+    straight = _accum_model(run_eagerly=False, micro_batch_size=MICRO)
+    straight.fit(x, y, **kw)
+    backup = str(tmp / "backup")
+    interrupted, restored = [], []
+    for seed, at in ((0, (1, 1)), (4, (2, 0))):
+        model = _accum_model(seed=seed, run_eagerly=False, micro_batch_size=MICRO)
+        record: dict = {}
+        interrupted.append(_run_interrupted(lambda model=model, at=at, record=record: (
+            fit_resumable(model, x, y, backup_dir=backup, save_freq=1,
+                          callbacks=[_interrupt_at(*at), _state_probe(record)], **kw))))
+        restored.append(record)
+        with open(os.path.join(backup, "accumcore_backup.json")) as f:
+            restored.append(json.load(f))
+    record = {}
+    resumed = _accum_model(seed=5, run_eagerly=False, micro_batch_size=MICRO)
+    fit_resumable(resumed, x, y, backup_dir=backup, save_freq=1,
+                  callbacks=[_state_probe(record)], **kw)
+    restored.append(record)
+    return {
+        "runs": {"straight": _weights(straight), "resumed": _weights(resumed),
+                 "resumed_initial": _weights(_accum_model(seed=5, micro_batch_size=MICRO))},
         "info": {"interrupted": interrupted, "restored": restored,
                  "backup_deleted": not os.path.exists(backup),
                  "straight_counters": straight.accumulation.counters(),

@@ -58,6 +58,44 @@ def test_accum_steps_bad_value(bad, where):
         CONSTRUCTORS[where](value)
 
 
+# Every constructor that takes `micro_batch_size` (fit's split mode), called with the bad value.
+SPLIT_CONSTRUCTORS = {
+    "AccumModel": lambda b: small_mlp(model_cls=ac.AccumModel, micro_batch_size=b),
+    "accumulate": lambda b: ac.accumulate(small_mlp(), micro_batch_size=b),
+}
+SPLIT_MESSAGE = (r"`micro_batch_size` must be a positive int \(the samples of one "
+                 r"micro-batch.*'auto'")
+
+
+@pytest.mark.parametrize("where", sorted(SPLIT_CONSTRUCTORS))
+@pytest.mark.parametrize("value", [0, -3, 4.0, True, "big"], ids=repr)
+def test_micro_batch_size_bad_value(value, where):
+    """4.0 is refused, not rounded; True would silently mean b = 1; a string other than
+    'auto' names the one accepted."""
+    with pytest.raises(ValueError, match=SPLIT_MESSAGE):
+        SPLIT_CONSTRUCTORS[where](value)
+
+
+@pytest.mark.parametrize("where", ["AccumModel", "accumulate"])
+def test_accum_steps_and_micro_batch_size_together(where):
+    with pytest.raises(ValueError, match=r"`accum_steps` or `micro_batch_size`, not both "
+                                         r"\(got accum_steps=2, micro_batch_size=4\)"):
+        if where == "AccumModel":
+            small_mlp(model_cls=ac.AccumModel, accum_steps=2, micro_batch_size=4)
+        else:
+            ac.accumulate(small_mlp(), 2, micro_batch_size=4)
+
+
+#: fit's two modes for the rows below: the AccumModel's setting and fit's batch size.
+FIT_MODES = {"accum_steps": (dict(accum_steps=2), 4),
+             "micro_batch_size": (dict(micro_batch_size=4), 8)}
+
+
+def _fit_model(mode: str) -> tuple[keras.Model, int]:
+    how, batch_size = FIT_MODES[mode]
+    return small_mlp(model_cls=ac.AccumModel, **how), batch_size
+
+
 # Other counts and sizes share the positive-int check, with a message that names them and does
 # not explain K (issue 12: "1 means no accumulation" misled for `epochs`, `start`, ...).
 OTHER_COUNTS = {
@@ -114,13 +152,14 @@ def test_empty_dataset_of_unknown_length_custom_loop(xy):
         trainer.fit(empty, mode="eager", verbose=0)
 
 
-def test_empty_arrays_model_fit(xy):
+@pytest.mark.parametrize("mode", sorted(FIT_MODES))
+def test_empty_arrays_model_fit(xy, mode):
     # Plain Keras trains nothing and returns an empty History here; accumcore refuses.
     x, y = xy
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=2)
+    model, batch_size = _fit_model(mode)
     model.compile(sgd(), LOSS)
     with pytest.raises(ValueError, match=r"training data \(`x`\) yielded no batches"):
-        model.fit(x[:0], y[:0], batch_size=4, verbose=0)
+        model.fit(x[:0], y[:0], batch_size=batch_size, verbose=0)
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
@@ -131,13 +170,14 @@ def test_dataset_without_labels_custom_loop(mode, xy):
         trainer.fit(tf.data.Dataset.from_tensor_slices(x).batch(4), mode=mode, verbose=0)
 
 
-def test_data_without_labels_model_fit(xy):
+@pytest.mark.parametrize("mode", sorted(FIT_MODES))
+def test_data_without_labels_model_fit(xy, mode):
     # Keras alone fails with "None values not supported."
     x, _ = xy
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=2)
+    model, batch_size = _fit_model(mode)
     model.compile(sgd(), LOSS)
     with pytest.raises(ValueError, match=r"no labels \(`y` is None\)"):
-        model.fit(x, batch_size=4, verbose=0)
+        model.fit(x, batch_size=batch_size, verbose=0)
 
 
 # ---------------------------------------------------------------------------- models
@@ -233,12 +273,13 @@ def test_optimizer_already_accumulating_custom_loop():
         ac.AccumTrainer(small_mlp(), opt, LOSS, accum_steps=2)
 
 
-def test_optimizer_already_accumulating_model_fit(xy):
+@pytest.mark.parametrize("mode", sorted(FIT_MODES))
+def test_optimizer_already_accumulating_model_fit(xy, mode):
     x, y = xy
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=2)
+    model, batch_size = _fit_model(mode)
     model.compile(keras.optimizers.SGD(0.1, gradient_accumulation_steps=2), LOSS)
     with pytest.raises(ValueError, match="`optimizer` already accumulates gradients"):
-        model.fit(x, y, batch_size=4, verbose=0)
+        model.fit(x, y, batch_size=batch_size, verbose=0)
 
 
 def test_optimizer_not_a_keras_optimizer():
@@ -257,6 +298,8 @@ POLICIES = {
     "nonfinite": [
         lambda v: ac.AccumTrainer(small_mlp(), sgd(), LOSS, accum_steps=2, nonfinite=v),
         lambda v: small_mlp(model_cls=ac.AccumModel, accum_steps=2, nonfinite=v),
+        lambda v: small_mlp(model_cls=ac.AccumModel, micro_batch_size=4, nonfinite=v),
+        lambda v: ac.accumulate(small_mlp(), micro_batch_size=4, nonfinite=v),
         lambda v: ac.AccumulationState(2, nonfinite=v),
     ],
     "end_of_epoch": [
@@ -266,6 +309,8 @@ POLICIES = {
     "normalizer": [
         lambda v: ac.AccumTrainer(small_mlp(), sgd(), LOSS, accum_steps=2, normalizer=v),
         lambda v: small_mlp(model_cls=ac.AccumModel, accum_steps=2, normalizer=v),
+        lambda v: small_mlp(model_cls=ac.AccumModel, micro_batch_size=4, normalizer=v),
+        lambda v: ac.accumulate(small_mlp(), micro_batch_size=4, normalizer=v),
     ],
 }
 
@@ -299,12 +344,13 @@ def test_float16_without_loss_scaling_warns_about_underflow(float16_policy):
         ac.AccumTrainer(small_mlp(), sgd(), LOSS, accum_steps=2)
 
 
-def test_float16_model_fit_without_loss_scaling_warns(float16_policy, xy):
+@pytest.mark.parametrize("mode", sorted(FIT_MODES))
+def test_float16_model_fit_without_loss_scaling_warns(float16_policy, xy, mode):
     x, y = xy
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=2)
+    model, batch_size = _fit_model(mode)
     model.compile(sgd(), LOSS)  # compile wraps only for "mixed_float16", not "float16"
     with pytest.warns(UserWarning, match="gradients may underflow"):
-        model.fit(x, y, batch_size=4, verbose=0)
+        model.fit(x, y, batch_size=batch_size, verbose=0)
 
 
 def test_float16_with_loss_scaling_does_not_warn(float16_policy):

@@ -25,7 +25,7 @@ def _one_device() -> tf.distribute.Strategy:
     return tf.distribute.OneDeviceStrategy("/cpu:0")
 
 
-@pytest.mark.parametrize("entry", ["trainer", "fit"])
+@pytest.mark.parametrize("entry", ["trainer", "fit", "fit_split"])
 def test_sum_reduction_under_a_strategy_raises(entry, data):
     x, y = data
     strategy = _one_device()
@@ -33,14 +33,15 @@ def test_sum_reduction_under_a_strategy_raises(entry, data):
         if entry == "trainer":
             trainer = ac.AccumTrainer(small_mlp(), keras.optimizers.SGD(0.01), SUM_LOSS,
                                       accum_steps=2)
-        else:
-            model = small_mlp(model_cls=ac.AccumModel, accum_steps=2)
+        else:  # fit_split: micro_batch_size=b, fit(batch_size=K * b)
+            how = dict(accum_steps=2) if entry == "fit" else dict(micro_batch_size=8)
+            model = small_mlp(model_cls=ac.AccumModel, **how)
             model.compile(keras.optimizers.SGD(0.01), SUM_LOSS)
     with pytest.raises(ValueError, match=SUM_MESSAGE):
         if entry == "trainer":
             trainer.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), verbose=0)
         else:
-            model.fit(x, y, batch_size=8, verbose=0)
+            model.fit(x, y, batch_size=8 if entry == "fit" else 16, verbose=0)
     # The same model and loss train without a strategy: the strategy is the cause.
     plain = ac.AccumTrainer(small_mlp(), keras.optimizers.SGD(0.01), SUM_LOSS, accum_steps=2)
     assert plain.fit(x, y, batch_size=8, verbose=0).updates == [3]

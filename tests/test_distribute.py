@@ -45,6 +45,14 @@ def test_fit_matches_large_batch(results: dict) -> None:
     assert out["counters"]["samples_seen"] == 39
 
 
+def test_fit_split_matches_large_batch(results: dict) -> None:
+    """``micro_batch_size``: each replica splits its share of every batch of 12."""
+    out = case_result(results, "fit_ragged_split")
+    assert out["rel"] <= REL_TOL, out
+    assert out["iterations"] == out["counters"]["windows_applied"] == 4  # 12, 12, 12, 3
+    assert out["counters"]["samples_seen"] == 39
+
+
 @pytest.mark.parametrize("optimizer", ["global_clipnorm", "clipnorm", "adamw"])
 def test_clipping_sees_the_global_window_gradient(results: dict, optimizer: str) -> None:
     rel = case_result(results, "clipping_and_decay")[optimizer]
@@ -94,15 +102,17 @@ def test_nonfinite_raise_under_a_strategy(results: dict) -> None:
     assert (out["window"], out["first_micro_step"], out["micro_batches"]) == (0, 0, 2)
 
 
-def test_mixed_float16_under_mirrored_strategy(results: dict) -> None:
-    out = case_result(results, "mixed_precision")
-    assert out["clean"]["rel"] <= MIXED_TOL, out["clean"]
-    assert out["clean"]["counters"]["windows_skipped"] == 0
-    assert out["clean"]["scale"] == 2**15
+@pytest.mark.parametrize("way", ["", "_fit_split"])
+def test_mixed_float16_under_mirrored_strategy(results: dict, way: str) -> None:
+    out = case_result(results, "mixed_precision")["clean" + way]
+    assert out["rel"] <= MIXED_TOL, out
+    assert out["counters"]["windows_skipped"] == 0
+    assert out["scale"] == 2**15
 
 
-def test_overflow_on_one_replica_skips_the_window_everywhere(results: dict) -> None:
-    out = case_result(results, "mixed_precision")["overflow"]
+@pytest.mark.parametrize("way", ["", "_fit_split"])
+def test_overflow_on_one_replica_skips_the_window_everywhere(results: dict, way: str) -> None:
+    out = case_result(results, "mixed_precision")["overflow" + way]
     counters = out["counters"]
     assert counters["windows_skipped"] == 1 and counters["windows_applied"] == 2
     assert counters["samples_dropped"] == 32 and counters["samples_seen"] == 96
@@ -110,7 +120,7 @@ def test_overflow_on_one_replica_skips_the_window_everywhere(results: dict) -> N
     assert out["rel"] <= MIXED_TOL, out
 
 
-@pytest.mark.parametrize("mode", ["eager", "function", "graph", "fit"])
+@pytest.mark.parametrize("mode", ["eager", "function", "graph", "fit", "fit_split"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam_clip"])
 def test_masked_tokens_with_sparse_gradients_match_one_device(results: dict, optimizer: str,
                                                              mode: str) -> None:
@@ -121,7 +131,7 @@ def test_masked_tokens_with_sparse_gradients_match_one_device(results: dict, opt
     assert out["tokens_per_replica_differ"]
     run = out[f"{optimizer}_{mode}"]
     assert run["rel"] <= REL_TOL, run
-    if mode != "fit":
+    if not mode.startswith("fit"):
         assert run["epoch_weights"] == [out["valid_tokens"]]  # SUM over replicas
 
 

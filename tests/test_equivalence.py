@@ -1,4 +1,5 @@
-"""Every entry point x optimizer x K against an independent large-batch reference."""
+"""Every entry point x optimizer x K against an independent large-batch reference; ``fit`` in
+both modes (``accum_steps`` and ``micro_batch_size``: ``helpers.FIT_SPLIT``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import tensorflow as tf
 from helpers import (
     ENTRIES,
+    FIT_SPLIT,
     LOSS,
     OPTIMIZERS,
     REL_TOL,
@@ -33,7 +35,7 @@ def large_batch(opt_name: str, micro: int, k: int, epochs: int = 1) -> tuple[lis
     return reference_weights(OPTIMIZERS[opt_name], x, y, None, micro=micro, k=k, epochs=epochs)
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", [*ENTRIES, FIT_SPLIT])
 @pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
 def test_entry_point_matches_large_batch_for_every_optimizer(entry, opt_name, data):
     # 40 samples, micro-batches of 8, K=3: windows of 24 and 16 (partial, flushed with its true
@@ -44,7 +46,7 @@ def test_entry_point_matches_large_batch_for_every_optimizer(entry, opt_name, da
     assert_matches_reference(model, initial, reference)
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", [*ENTRIES, FIT_SPLIT])
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_any_k_matches_large_batch(entry, k, data):
     x, y = data
@@ -53,7 +55,7 @@ def test_any_k_matches_large_batch(entry, k, data):
     assert_matches_reference(model, initial, reference)
 
 
-@pytest.mark.parametrize("entry", ("eager", "function", "graph", "fit"))
+@pytest.mark.parametrize("entry", ("eager", "function", "graph", "fit", FIT_SPLIT))
 def test_ragged_window_16_16_8_equals_batch_of_40(entry, data):
     # The issue's headline case: one window of micro-batches 16 + 16 + 8 vs one batch of 40.
     # A recipe that averages the K micro-batch means gives rel ~0.5 here.
@@ -83,7 +85,7 @@ def test_mean_of_micro_batch_means_would_fail_this_tolerance(data):
     assert relative_error(get_weights(model), reference, initial) > 100 * REL_TOL
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", [*ENTRIES, FIT_SPLIT])
 def test_sample_weight_matches_large_batch(entry, data):
     # Keras's default reduction divides the weighted sum by the number of samples: the
     # "samples" normalizer reproduces it exactly.

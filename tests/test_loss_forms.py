@@ -3,7 +3,9 @@ losses that take their own mean, and compile objects that do not serialise.
 
 The guard is one matrix: each case below is trained by every entry point (``accumulate``
 after and before ``compile``, ``AccumModel``, ``AccumTrainer`` in each loop mode) on 24
-samples in micro-batches of 4 with K = 4 (a full window of 16, then a partial one of 8), and
+samples in micro-batches of 4 with K = 4 (a full window of 16, then a partial one of 8) and,
+for ``accumulate`` and ``AccumModel``, also with ``micro_batch_size=4`` at ``fit(batch_size=16)``
+(the ``*_split`` entries: the same windows, each batch split in the step), and
 compared with plain ``keras.Model.fit`` at B = 16 from the same initial weights, with the
 same compile arguments. The tolerance is ``helpers.REL_TOL`` (1e-4; float32 round-off of the
 re-associated sums is ~1e-7..1e-6 with SGD, see its justification); every bug these cases
@@ -260,7 +262,10 @@ CASES = {
 
 
 ENTRY_POINTS = ("accumulate", "accumulate_before_compile", "AccumModel", "trainer_eager",
-                "trainer_function", "trainer_graph", "trainer_window_step")
+                "trainer_function", "trainer_graph", "trainer_window_step",
+                "accumulate_split", "accumulate_before_compile_split", "AccumModel_split")
+#: ``*_split``: ``micro_batch_size=b`` and ``fit(batch_size=K * b)`` (the batch split in the
+#: step); the others ``accum_steps=K`` and ``fit(batch_size=b)``.
 
 
 def plain_fit(case: Case) -> tuple[list, list]:
@@ -293,17 +298,20 @@ def accumulated(case: Case, entry: str, normalizer: Callable | None = None) -> k
         trainer.fit(tf.data.Dataset.from_tensor_slices(parts).batch(MICRO),
                     mode=entry.removeprefix("trainer_"), verbose=0)
         return model
+    split = entry.endswith("_split")
+    settings.update(dict(micro_batch_size=MICRO) if split else dict(accum_steps=K))
+    entry = entry.removesuffix("_split")
     if entry == "AccumModel":
-        model = case.make(ac.AccumModel, accum_steps=K, **settings)
+        model = case.make(ac.AccumModel, **settings)
         model.compile(**case.compile())
     elif entry == "accumulate":
         model = case.make()
         model.compile(**case.compile())
-        ac.accumulate(model, K, **settings)
+        ac.accumulate(model, **settings)
     else:
-        model = ac.accumulate(case.make(), K, **settings)
+        model = ac.accumulate(case.make(), **settings)
         model.compile(**case.compile())
-    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=K * MICRO if split else MICRO, shuffle=False, verbose=0)
     return model
 
 
@@ -316,8 +324,22 @@ def reference(name: str) -> tuple[list, list]:
     return _REFERENCES[name]
 
 
-@pytest.mark.parametrize("entry", ENTRY_POINTS)
-@pytest.mark.parametrize("name", list(CASES))
+#: Split-mode cases that fail today because of a defect of issue 47 fixed in the library.
+SPLIT_INNER_SHAPES = (
+    "issue 47: the split's slices lose static inner shapes, so a scalar mean loss is read as "
+    "'a mean over a number of elements per sample that varies' and warns (the weights are "
+    "still exact: 1.3e-7)")
+KNOWN_FAILURES = {("scalar_mean_function_loss", entry): SPLIT_INNER_SHAPES
+                  for entry in ENTRY_POINTS if entry.endswith("_split")}
+
+
+def _matrix() -> list:
+    return [pytest.param(name, entry, id=f"{name}-{entry}", marks=[
+        pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[name, entry], raises=UserWarning)]
+        if (name, entry) in KNOWN_FAILURES else []) for name in CASES for entry in ENTRY_POINTS]
+
+
+@pytest.mark.parametrize(("name", "entry"), _matrix())
 def test_every_entry_point_matches_plain_fit_at_the_large_batch(name, entry):
     case = CASES[name]
     if case.fit_only and entry.startswith("trainer_"):
@@ -330,7 +352,7 @@ def test_every_entry_point_matches_plain_fit_at_the_large_batch(name, entry):
 
 
 @pytest.mark.parametrize("entry", ("accumulate", "AccumModel", "trainer_function",
-                                   "trainer_eager"))
+                                   "trainer_eager", "accumulate_split", "AccumModel_split"))
 def test_a_loss_that_averages_by_its_own_count_is_named_then_exact_with_normalizer(entry):
     """Item 2: without ``normalizer`` the token mean is weighed by samples (0.1 to 0.5 off
     here) with one warning naming ``normalizer=``; with it, the case above is exact."""

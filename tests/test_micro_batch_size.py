@@ -3,7 +3,11 @@ inside the one train step; ``"auto"`` finds b and reruns a batch that runs out o
 
 The exactness cases that ``accum_steps`` has are parametrised over both settings in
 tests/test_accumulate.py and tests/test_keras_hub.py (``WAYS``), tests/test_distribute.py
-(``_split``), tests/test_mixed_precision.py and tests/test_batchnorm.py (``fit_split``); this
+(``_split``, ``fit_split``), tests/test_mixed_precision.py, tests/test_batchnorm.py,
+tests/test_tokens.py and tests/test_equivalence.py (``fit_split``), tests/test_loss_forms.py
+(``*_split``), tests/test_workflows_model.py, tests/test_workflows_loops.py, tests/test_model.py
+and tests/test_bad_input.py (a mode parameter), tests/test_resume.py
+(``fit_exact_backup_split``) and the keras.io-shaped programs of tests/test_programs.py; this
 file holds what only this setting has. Every equivalence test compares against an independent
 large-batch reference from the same initial weights (``helpers.reference_weights``: plain Keras
 ``train_on_batch`` on each batch of B). Tolerance ``REL_TOL`` (tests/helpers.py: float32

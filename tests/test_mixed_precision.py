@@ -125,12 +125,15 @@ def test_forced_overflow_skips_exactly_one_window(entry: str) -> None:
     assert all(np.all(np.isfinite(w)) for w in get_weights(model))
 
 
-def test_fit_reports_skipped_windows() -> None:
+@pytest.mark.parametrize("entry", ["fit", "fit_split"])
+def test_fit_reports_skipped_windows(entry: str) -> None:
     x, y = mixed_data(64)
     x[3] *= 1e6  # window 1 overflows
-    model = build_mixed_model("mixed_float16", model_cls=ac.AccumModel, accum_steps=K)
+    how = dict(accum_steps=K) if entry == "fit" else dict(micro_batch_size=MICRO)
+    model = build_mixed_model("mixed_float16", model_cls=ac.AccumModel, **how)
     model.compile(mixed_optimizer("mixed_float16"), LOSS)
-    history = model.fit(x, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
+    history = model.fit(x, y, batch_size=MICRO if entry == "fit" else MICRO * K, epochs=1,
+                        shuffle=False, verbose=0)
     assert history.history["skipped_windows"] == [1.0]
 
 

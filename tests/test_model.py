@@ -1,4 +1,5 @@
-"""AccumModel: fit keeps callbacks/metrics/History, true mean loss, policies, saving."""
+"""AccumModel: fit keeps callbacks/metrics/History, true mean loss, policies, saving; in both
+modes (``accum_steps`` and ``micro_batch_size``) where the row applies to both."""
 
 from __future__ import annotations
 
@@ -18,7 +19,26 @@ def _fit_model(k=3, **kwargs):
     return model
 
 
-def test_logged_loss_and_metrics_are_true_means_over_ragged_micro_batches(data):
+def _split_model(micro: int, **kwargs):
+    """``micro_batch_size`` mode: ``fit(batch_size=B)`` splits each batch into ``micro``."""
+    model = small_mlp(model_cls=ac.AccumModel, micro_batch_size=micro, **kwargs)
+    model.compile(OPTIMIZERS["sgd"](), LOSS, metrics=["accuracy"])
+    return model
+
+
+def _mode(mode: str, k: int, micro: int, **kwargs):
+    """(model, fit's batch size) in ``mode``, making the same windows: K micro-batches of
+    ``micro``, or one batch of K * ``micro`` split into micro-batches of ``micro``."""
+    if mode == "accum_steps":
+        return _fit_model(k=k, **kwargs), micro
+    return _split_model(micro, **kwargs), k * micro
+
+
+MODES = ("accum_steps", "micro_batch_size")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_logged_loss_and_metrics_are_true_means_over_ragged_micro_batches(data, mode):
     # One window covers the whole epoch (16 + 16 + 8), so every micro-batch sees the initial
     # weights: the logged loss must equal the plain model's mean loss over all 40 samples.
     x, y = data
@@ -26,14 +46,15 @@ def test_logged_loss_and_metrics_are_true_means_over_ragged_micro_batches(data):
     plain.compile(OPTIMIZERS["sgd"](), LOSS, metrics=["accuracy"])
     expected_loss, expected_acc = plain.evaluate(x, y, batch_size=40, verbose=0)
 
-    model = _fit_model(k=3)
-    history = model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    model, batch_size = _mode(mode, 3, 16)  # 40 samples: 16 + 16 + 8 in one window
+    history = model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
     assert history.history["loss"][0] == pytest.approx(expected_loss, rel=1e-6)
     assert history.history["accuracy"][0] == pytest.approx(expected_acc, rel=1e-6)
     assert int(model.optimizer.iterations.numpy()) == 1
 
 
-def test_fit_keeps_callbacks_history_and_validation(data):
+@pytest.mark.parametrize("mode", MODES)
+def test_fit_keeps_callbacks_history_and_validation(data, mode):
     x, y = data
     seen = []
 
@@ -41,22 +62,23 @@ def test_fit_keeps_callbacks_history_and_validation(data):
         def on_epoch_end(self, epoch, logs=None):
             seen.append((int(self.model.optimizer.iterations.numpy()), sorted(logs)))
 
-    model = _fit_model(k=2)
-    history = model.fit(x, y, batch_size=8, epochs=2, validation_data=(x, y), shuffle=False,
-                        verbose=0, callbacks=[CountUpdates()])
+    model, batch_size = _mode(mode, 2, 8)
+    history = model.fit(x, y, batch_size=batch_size, epochs=2, validation_data=(x, y),
+                        shuffle=False, verbose=0, callbacks=[CountUpdates()])
     # 5 micro-batches per epoch, K=2: updates after 2, 4 and the flushed 5th -> 3 per epoch
     assert [n for n, _ in seen] == [3, 6]
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(seen[0][1])
     assert len(history.history["val_loss"]) == 2
 
 
-def test_partial_window_is_flushed_before_validation(data):
+@pytest.mark.parametrize("mode", MODES)
+def test_partial_window_is_flushed_before_validation(data, mode):
     # Validation must see the weights after the epoch's last (partial) window, like a
     # large-batch fit: val_loss equals evaluate() on the final weights.
     x, y = data
-    model = _fit_model(k=2)
-    history = model.fit(x, y, batch_size=16, epochs=1, validation_data=(x, y), shuffle=False,
-                        verbose=0)
+    model, batch_size = _mode(mode, 2, 16)
+    history = model.fit(x, y, batch_size=batch_size, epochs=1, validation_data=(x, y),
+                        shuffle=False, verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 2
     final_val = model.evaluate(x, y, batch_size=40, verbose=0)[0]
     assert history.history["val_loss"][0] == pytest.approx(final_val, rel=1e-6)
@@ -127,7 +149,8 @@ class SubclassedAccum(ac.AccumModel):
         return self.head(self.hidden(x))
 
 
-def test_subclassed_accum_model_matches_large_batch(data):
+@pytest.mark.parametrize("mode", MODES)
+def test_subclassed_accum_model_matches_large_batch(data, mode):
     x, y = data
     keras.utils.set_random_seed(0)
     model = SubclassedAccum()
@@ -139,8 +162,12 @@ def test_subclassed_accum_model_matches_large_batch(data):
     ref.set_accumulation(accum_steps=1)
     ref.compile(OPTIMIZERS["adam"](), LOSS)
     ref.train_on_batch(x, y)
+    if mode == "micro_batch_size":  # one batch of 40 split 16 + 16 + 8
+        model.set_accumulation(micro_batch_size=16)
     model.compile(OPTIMIZERS["adam"](), LOSS)
-    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=16 if mode == "accum_steps" else 40, epochs=1, shuffle=False,
+              verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 1
     assert relative_error(get_weights(model), get_weights(ref), initial) <= REL_TOL
 
 
@@ -171,6 +198,27 @@ def test_config_and_keras_file_round_trip_mid_window(data, tmp_path):
         np.testing.assert_allclose(a, b, rtol=0, atol=0)
 
 
+def test_config_and_keras_file_round_trip_in_split_mode(data, tmp_path):
+    """``micro_batch_size`` travels in the config and the ``.keras`` file; the loaded model
+    trains on exactly as the original (every window closed at each batch's end)."""
+    x, y = data
+    model = _split_model(6, nonfinite="skip_window")
+    model.fit(x[:32], y[:32], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    config = model.get_config()
+    assert (config["micro_batch_size"], config["nonfinite"]) == (6, "skip_window")
+    clone = ac.AccumModel.from_config(config)
+    assert (clone.micro_batch_size, clone.nonfinite) == (6, "skip_window")
+    path = str(tmp_path / "split.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert isinstance(loaded, ac.AccumModel) and loaded.micro_batch_size == 6
+    for m in (model, loaded):
+        m.fit(x[32:], y[32:], batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert int(loaded.optimizer.iterations.numpy()) == int(model.optimizer.iterations.numpy()) == 3
+    for a, b in zip(get_weights(loaded), get_weights(model)):
+        np.testing.assert_allclose(a, b, rtol=0, atol=0)
+
+
 def test_functional_construction_rejects_bad_settings():
     inputs = keras.Input((8,))
     outputs = keras.layers.Dense(3)(inputs)
@@ -178,6 +226,8 @@ def test_functional_construction_rejects_bad_settings():
         ac.AccumModel(inputs, outputs, accum_steps=0)
     with pytest.raises(ValueError, match="end_of_epoch"):
         ac.AccumModel(inputs, outputs, accum_steps=2, end_of_epoch="flush")
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        ac.AccumModel(inputs, outputs, micro_batch_size=0)
 
 
 def test_custom_nonfinite_policy_is_accepted_by_both_entry_points(data):
@@ -194,13 +244,14 @@ def test_custom_nonfinite_policy_is_accepted_by_both_entry_points(data):
     initial = get_weights(plain)
     plain.compile(OPTIMIZERS["sgd"](), LOSS)
     plain.train_on_batch(x[:32], y[:32])
-    models = [_fit_model(k=3, nonfinite=policy)]
+    models = [_fit_model(k=3, nonfinite=policy), _split_model(16, nonfinite=policy)]
     models[0].fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    models[1].fit(x, y, batch_size=40, epochs=1, shuffle=False, verbose=0)  # 16 + 16 + 8
     trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS, accum_steps=3,
                               nonfinite=policy)
     trainer.fit(x, y, batch_size=16, shuffle=False, verbose=0)
     models.append(trainer.model)
-    for state in (models[0].accumulation, trainer.state):
+    for state in (models[0].accumulation, models[1].accumulation, trainer.state):
         assert state.counters()["micro_batches_skipped"] == 1
         assert state.counters()["windows_applied"] == 1
     for model in models:

@@ -25,6 +25,11 @@ WINDOW1 = np.arange(12, 24)
 WINDOW0_WITHOUT_BAD = np.setdiff1d(WINDOW0, np.arange(BAD * MICRO, (BAD + 1) * MICRO))
 
 
+#: fit's two modes: the AccumModel's setting and fit's batch size (the same windows).
+FITS = {"fit": (dict(accum_steps=K), MICRO),
+        "fit_split": (dict(micro_batch_size=MICRO), MICRO * K)}
+
+
 def make_opt() -> keras.optimizers.Optimizer:
     return keras.optimizers.Adam(0.01)
 
@@ -42,11 +47,14 @@ def poisoned(x: np.ndarray, kind: str) -> np.ndarray:
 
 
 def train(entry: str, x, y, nonfinite: str, epochs: int = 1):
-    """Train with one entry point; returns (model, state, optimizer, fit history or None)."""
-    if entry == "fit":
-        model = small_mlp(model_cls=ac.AccumModel, accum_steps=K, nonfinite=nonfinite)
+    """Train with one entry point; returns (model, state, optimizer, fit history or None).
+    "fit_split": ``micro_batch_size=MICRO`` at ``fit(batch_size=K * MICRO)`` (the same windows,
+    each batch split in the step)."""
+    if entry in FITS:
+        model = small_mlp(model_cls=ac.AccumModel, nonfinite=nonfinite, **FITS[entry][0])
         model.compile(make_opt(), LOSS)
-        history = model.fit(x, y, batch_size=MICRO, epochs=epochs, shuffle=False, verbose=0)
+        history = model.fit(x, y, batch_size=FITS[entry][1], epochs=epochs, shuffle=False,
+                            verbose=0)
         return model, model.accumulation, model.optimizer, history.history
     model = small_mlp()
     trainer = ac.AccumTrainer(model, make_opt(), LOSS, accum_steps=K, nonfinite=nonfinite)
@@ -58,6 +66,7 @@ def train(entry: str, x, y, nonfinite: str, epochs: int = 1):
 # ---------------------------------------------------------------------------- skip_micro_batch
 @pytest.mark.parametrize(("entry", "kind"), [
     ("eager", "nan"), ("function", "inf"), ("graph", "nan"), ("fit", "inf"),
+    ("fit_split", "nan"),
 ])
 def test_skip_micro_batch_removes_only_that_contribution_and_weight(entry, kind, clean):
     """Catches: the bad micro-batch's gradient added anyway (NaN weights), its weight kept in
@@ -74,7 +83,7 @@ def test_skip_micro_batch_removes_only_that_contribution_and_weight(entry, kind,
     assert int(opt.iterations.numpy()) == 2
     # Its 4 samples were seen but reached no update; none lost, none counted twice.
     assert c["samples_seen"] == N and c["samples_dropped"] == MICRO
-    if entry == "fit":
+    if entry in FITS:
         assert history["skipped_micro_batches"] == [1.0]
         assert history["skipped_windows"] == [0.0]
     else:
@@ -98,7 +107,7 @@ def test_keeping_the_skipped_weight_would_fail_the_tolerance(clean):
 
 # ---------------------------------------------------------------------------- skip_window
 @pytest.mark.parametrize(("entry", "kind"), [
-    ("eager", "inf"), ("graph", "nan"), ("fit", "nan"),
+    ("eager", "inf"), ("graph", "nan"), ("fit", "nan"), ("fit_split", "inf"),
 ])
 def test_skip_window_discards_exactly_the_poisoned_window(entry, kind, clean):
     """Catches: a poisoned window applied (partially or with NaNs), the optimizer stepped for
@@ -114,12 +123,12 @@ def test_skip_window_discards_exactly_the_poisoned_window(entry, kind, clean):
     assert c["micro_batches_skipped"] == 0
     assert int(opt.iterations.numpy()) == 1
     assert c["samples_seen"] == N and c["samples_dropped"] == 12  # the whole window 0
-    if entry == "fit":
+    if entry in FITS:
         assert history["skipped_windows"] == [1.0]
 
 
 # ---------------------------------------------------------------------------- raise (default)
-@pytest.mark.parametrize("entry", ["eager", "function", "graph", "fit"])
+@pytest.mark.parametrize("entry", ["eager", "function", "graph", *FITS])
 def test_raise_is_the_default_discards_the_bad_window_and_names_it(entry, clean):
     """One clean epoch (windows 0 and 1), then an epoch whose micro-batch 1 is poisoned: window
     2 of the run (its micro-batches 6 to 8) is discarded whole and named, with epoch 1 and the
@@ -130,14 +139,15 @@ def test_raise_is_the_default_discards_the_bad_window_and_names_it(entry, clean)
     clean epoch: earlier windows untouched, nothing after them applied), the wrong counts."""
     x, y = clean
     bad = poisoned(x, "nan")
-    if entry == "fit":
-        model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    if entry in FITS:
+        how, batch_size = FITS[entry]
+        model = small_mlp(model_cls=ac.AccumModel, **how)
         model.compile(make_opt(), LOSS)
-        model.fit(x, y, batch_size=MICRO, epochs=1, shuffle=False, verbose=0)
+        model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
         state = model.accumulation
         after_clean = get_weights(model)
         with pytest.raises(ac.NonFiniteGradientError) as info:
-            model.fit(bad, y, batch_size=MICRO, initial_epoch=1, epochs=2, shuffle=False,
+            model.fit(bad, y, batch_size=batch_size, initial_epoch=1, epochs=2, shuffle=False,
                       verbose=0)
     else:
         model = small_mlp()
@@ -292,7 +302,7 @@ def test_stopped_state_discards_later_windows_exactly():
 
 
 # ---------------------------------------------------------------------------- all skipped
-@pytest.mark.parametrize("entry", ["eager", "function", "graph", "fit"])
+@pytest.mark.parametrize("entry", ["eager", "function", "graph", *FITS])
 def test_window_of_only_skipped_micro_batches_is_skipped_not_applied(entry, clean):
     """``skip_micro_batch`` with every micro-batch of window 0 bad: the window is skipped
     (counted in windows_skipped), not applied with a zero gradient, which would still move
@@ -310,5 +320,5 @@ def test_window_of_only_skipped_micro_batches_is_skipped_not_applied(entry, clea
     assert c["micro_batches_skipped"] == K
     assert int(opt.iterations.numpy()) == 1
     assert c["samples_seen"] == N and c["samples_dropped"] == 12
-    if entry == "fit":
+    if entry in FITS:
         assert history["skipped_windows"] == [1.0]

@@ -38,6 +38,11 @@ from accumcore._impl import compat, denominators, gradients
 from accumcore._impl.denominators import CountedLoss, recording
 
 MICRO, K = 16, 4
+#: The entry points with ``fit``: ``AccumModel(accum_steps=K)`` at ``batch_size=b`` ("fit") and
+#: ``AccumModel(micro_batch_size=b)`` at ``batch_size=K * b`` ("fit_split": the same windows,
+#: each batch split in the step).
+FITS = ("fit", "fit_split")
+EVERY_ENTRY = (*ENTRIES, "fit_split")
 
 
 def sgd() -> keras.optimizers.Optimizer:
@@ -61,12 +66,13 @@ def sgd_reference(make_model, loss, x, y, sw, micro=MICRO, k=K, epochs=1, **comp
 
 def train(entry: str, make_model, make_opt, loss, x, y, sw=None, micro=MICRO, k=K,
           epochs=1, fit_kwargs=None, **kwargs) -> keras.Model:
-    """One accumcore entry point (:data:`helpers.ENTRIES`) on ``make_model()``."""
-    if entry == "fit":
-        model = make_model(model_cls=ac.AccumModel, accum_steps=k, **kwargs)
+    """One accumcore entry point (:data:`EVERY_ENTRY`) on ``make_model()``."""
+    if entry in FITS:
+        how = dict(accum_steps=k) if entry == "fit" else dict(micro_batch_size=micro)
+        model = make_model(model_cls=ac.AccumModel, **how, **kwargs)
         model.compile(make_opt(), loss, **(fit_kwargs or {}))
-        model.fit(x, y, sample_weight=sw, batch_size=micro, epochs=epochs, shuffle=False,
-                  verbose=0)
+        model.fit(x, y, sample_weight=sw, batch_size=micro if entry == "fit" else micro * k,
+                  epochs=epochs, shuffle=False, verbose=0)
         return model
     model = make_model()
     trainer = ac.AccumTrainer(model, make_opt(), loss, accum_steps=k, **kwargs)
@@ -182,7 +188,7 @@ def references(tokens):
 
 
 @pytest.mark.parametrize("source", MASK_SOURCES)
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", EVERY_ENTRY)
 def test_masked_tokens_match_the_large_batch(entry, source, tokens, references):
     x, y = tokens
     initial, reference = references[source]
@@ -201,7 +207,7 @@ def test_sample_weighting_is_measurably_wrong(tokens, references):
     assert rel(by_tokens, initial, reference) <= REL_TOL  # the user's own count, as given
 
 
-@pytest.mark.parametrize("entry", ["function", "fit"])
+@pytest.mark.parametrize("entry", ["function", *FITS])
 def test_adam_matches_the_dense_large_batch(entry, tokens):
     x, y = tokens
     initial, reference = dense_reference(seq_model, adam, token_loss(), x, y, None, MICRO, K,
@@ -210,7 +216,7 @@ def test_adam_matches_the_dense_large_batch(entry, tokens):
     assert rel(model, initial, reference) <= REL_TOL
 
 
-@pytest.mark.parametrize("entry", ENTRIES)
+@pytest.mark.parametrize("entry", EVERY_ENTRY)
 def test_ignore_class_matches_the_large_batch(entry):
     """MNIST-like classification (no mask) with about 30 % of the labels ignored."""
     rng = np.random.default_rng(5)
@@ -228,7 +234,7 @@ def test_ignore_class_matches_the_large_batch(entry):
 
 
 @pytest.mark.parametrize("reduction", ["sum_over_batch_size", "mean_with_sample_weight"])
-@pytest.mark.parametrize("entry", ["eager", "window_step", "fit"])
+@pytest.mark.parametrize("entry", ["eager", "window_step", *FITS])
 def test_mask_and_per_token_sample_weights(entry, reduction, tokens):
     x, y = tokens
     sw = np.random.default_rng(9).random(x.shape).astype("float32")
@@ -246,7 +252,7 @@ def test_padding_as_sample_weight_is_weighted_by_samples(tokens):
     pad = (x != 0).astype("float32")
     unmasked = lambda **kw: seq_model("none", **kw)  # noqa: E731
     initial, reference = sgd_reference(unmasked, token_loss(), x, y, pad)
-    for entry in ("function", "fit"):
+    for entry in ("function", *FITS):
         model = train(entry, unmasked, sgd, token_loss(), x, y, pad)
         assert rel(model, initial, reference) <= REL_TOL, entry
     tokens_weighted = train("function", unmasked, sgd, token_loss(), x, y, pad,
@@ -278,11 +284,12 @@ def test_any_micro_batch_split_of_any_lengths(sizes, max_len, seed, compiled):
 
 
 # ------------------------------------------------------------------ fit's settings
+@pytest.mark.parametrize("entry", FITS)
 @pytest.mark.parametrize("fit_kwargs", [{"steps_per_execution": 4}, {"jit_compile": True}])
-def test_fit_execution_settings_keep_token_weights(fit_kwargs, tokens, references):
+def test_fit_execution_settings_keep_token_weights(fit_kwargs, entry, tokens, references):
     x, y = tokens
     initial, reference = references["embedding"]
-    model = train("fit", seq_model, sgd, token_loss(), x, y, fit_kwargs=fit_kwargs)
+    model = train(entry, seq_model, sgd, token_loss(), x, y, fit_kwargs=fit_kwargs)
     assert rel(model, initial, reference) <= REL_TOL
 
 
@@ -327,7 +334,7 @@ def two_outputs(masked_second: bool, seed: int = 0, model_cls=keras.Model, **kwa
     return model_cls(tokens, [per_token, cls], **kwargs)
 
 
-@pytest.mark.parametrize("entry", ["fit"])  # AccumTrainer takes one loss, not one per output
+@pytest.mark.parametrize("entry", FITS)  # AccumTrainer takes one loss, not one per output
 def test_outputs_with_different_denominators_raise_naming_them(entry, tokens):
     x, y = tokens
     labels = [y, (x[:, 0] % 3).astype("int32")]
@@ -336,7 +343,7 @@ def test_outputs_with_different_denominators_raise_naming_them(entry, tokens):
               [token_loss(), token_loss()], x, labels)
 
 
-@pytest.mark.parametrize("entry", ["fit"])
+@pytest.mark.parametrize("entry", FITS)
 def test_outputs_with_proportional_denominators_are_exact(entry, tokens):
     """Two unmasked per-sample outputs (each divides by the samples) with loss_weights."""
     x, _ = tokens
@@ -352,7 +359,7 @@ def test_outputs_with_proportional_denominators_are_exact(entry, tokens):
 # ------------------------------------------------------------------ the user's own choice
 def test_explicit_samples_on_a_masked_loss_is_an_error(tokens):
     x, y = tokens
-    for entry in ("eager", "fit"):
+    for entry in ("eager", *FITS):
         with pytest.raises(ValueError, match="normalizer='samples'.*valid elements"):
             train(entry, seq_model, sgd, token_loss(), x, y, normalizer="samples")
 
@@ -441,7 +448,7 @@ def scaled_sgd() -> keras.optimizers.Optimizer:
     return keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.5))
 
 
-@pytest.mark.parametrize("entry", ["function", "fit"])
+@pytest.mark.parametrize("entry", ["function", *FITS])
 def test_mixed_precision_keeps_token_weights(entry, tokens):
     x, y = tokens
     model = mixed_seq_model()

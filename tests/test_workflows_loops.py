@@ -31,6 +31,16 @@ from accumcore.lab.experiments import get_weights, relative_error
 
 MICRO, K = 8, 3
 MODES = ("eager", "function", "graph")
+#: ``fit``'s two ways to make up an update, with the same windows of K * b samples: the
+#: AccumModel's settings and fit's ``batch_size``.
+WAYS = {"accum_steps": (dict(accum_steps=K), MICRO),
+        "micro_batch_size": (dict(micro_batch_size=MICRO), K * MICRO)}
+
+
+def _accum_model(way: str, **kwargs) -> tuple[ac.AccumModel, int]:
+    """``small_mlp`` as an AccumModel in ``way`` (:data:`WAYS`), and fit's batch size."""
+    how, batch_size = WAYS[way]
+    return small_mlp(model_cls=ac.AccumModel, **how, **kwargs), batch_size
 
 
 def _adam() -> keras.optimizers.Optimizer:
@@ -62,17 +72,18 @@ def _plain_fine_tuning(x, y) -> tuple[list, list]:
     return initial, get_weights(model)
 
 
-def test_fine_tuning_with_accum_model_matches_plain_keras(data):
+@pytest.mark.parametrize("way", list(WAYS))
+def test_fine_tuning_with_accum_model_matches_plain_keras(data, way):
     x, y = data
     initial, reference = _plain_fine_tuning(x, y)
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    model, batch_size = _accum_model(way)
     _freeze_first(model)
     model.compile(_adam(), LOSS)
-    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
     assert len(model.accumulation.accumulators) == 2
     _freeze_first(model, False)
     model.compile(_adam(), LOSS)
-    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)  # was: "Got 4 gradients ..."
+    model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)  # was: "Got 4 gradients"
     assert len(model.accumulation.accumulators) == 4
     assert_matches_reference(model, initial, reference)
     # and the frozen phase really was frozen (so the test can tell the phases apart):
@@ -127,7 +138,8 @@ def test_pending_window_and_changed_trainable_set_raise_naming_flush(data):
     assert int(trainer.state.micro_step.numpy()) == 2
 
 
-def test_unfreezing_without_compile_keeps_the_traced_set_as_keras_does(data):
+@pytest.mark.parametrize("way", list(WAYS))
+def test_unfreezing_without_compile_keeps_the_traced_set_as_keras_does(data, way):
     # Plain Keras keeps training the variables its train function was traced with until
     # `compile` is called again; AccumModel does the same, and its end-of-epoch flush applies
     # each window to the variables it was accumulated for.
@@ -136,12 +148,12 @@ def test_unfreezing_without_compile_keeps_the_traced_set_as_keras_does(data):
     plain.fit(x, y, batch_size=K * MICRO, shuffle=False, verbose=0)
     assert np.array_equal(get_weights(plain)[0], initial[0])  # Keras: still frozen
 
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
+    model, batch_size = _accum_model(way)
     _freeze_first(model)
     model.compile(_adam(), LOSS)
-    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
     _freeze_first(model, False)
-    model.fit(x, y, batch_size=MICRO, shuffle=False, verbose=0)
+    model.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
     assert_matches_reference(model, initial, get_weights(plain))
 
 
@@ -168,19 +180,22 @@ def _recovery_reference(xb, yb):
     return initial, get_weights(model)
 
 
+@pytest.mark.parametrize("way", ("accum_steps", "micro_batch_size"))
 @pytest.mark.parametrize("recompile", (False, True))
-def test_fit_after_nonfinite_error_clears_the_stop_and_trains_on(recompile, caplog):
+def test_fit_after_nonfinite_error_clears_the_stop_and_trains_on(recompile, way, caplog):
     xa, ya, xb, yb = _clean_and_poisoned()
     initial, reference = _recovery_reference(xb, yb)
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=4)
+    how, batch_size = (dict(accum_steps=4), 4) if way == "accum_steps" else (
+        dict(micro_batch_size=4), N_BAD)
+    model = small_mlp(model_cls=ac.AccumModel, **how)
     model.compile(_adam(), LOSS)
     with pytest.raises(ac.NonFiniteGradientError, match=r"next `fit`.*clear_nonfinite") as err:
-        model.fit(xa, ya, batch_size=4, shuffle=False, verbose=0)
+        model.fit(xa, ya, batch_size=batch_size, shuffle=False, verbose=0)
     assert (err.value.window, err.value.micro_batches) == (0, 4)
     if recompile:
         model.compile(_adam(), LOSS)  # the old optimizer never stepped: same reference
     with caplog.at_level(logging.WARNING, logger="accumcore"):
-        model.fit(xb, yb, batch_size=4, shuffle=False, verbose=0)  # was: the same error again
+        model.fit(xb, yb, batch_size=batch_size, shuffle=False, verbose=0)  # was: the same error
     assert "cleared the non-finite gradient stop" in caplog.text
     assert_matches_reference(model, initial, reference)
 
@@ -392,15 +407,21 @@ def _sgd_small() -> keras.optimizers.Optimizer:
     return keras.optimizers.SGD(0.005)  # a summed loss has gradients ~B times larger
 
 
-@pytest.mark.parametrize("entry", ("eager", "function", "graph", "window_step", "fit"))
+@pytest.mark.parametrize("entry", ("eager", "function", "graph", "window_step", "fit",
+                                   "fit_split"))
 def test_sum_reduction_is_exact(entry, data):
     from helpers import train_entry
 
     x, y = data
     initial, reference = reference_weights(_sgd_small, x, y, None, micro=MICRO, k=K,
                                            epochs=2, loss=SUM_LOSS)
-    model = train_entry(entry, _sgd_small, x, y, None, micro=MICRO, k=K, epochs=2,
-                        loss=SUM_LOSS)
+    if entry == "fit_split":  # batches of K * b, each split into micro-batches of b
+        model, batch_size = _accum_model("micro_batch_size")
+        model.compile(_sgd_small(), SUM_LOSS)
+        model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    else:
+        model = train_entry(entry, _sgd_small, x, y, None, micro=MICRO, k=K, epochs=2,
+                            loss=SUM_LOSS)
     assert_matches_reference(model, initial, reference)  # was: rel 0.7-1.0, silently
 
 
@@ -409,10 +430,11 @@ def test_unsupported_reductions_raise_and_name_the_ones_that_work(data):
     none_loss = keras.losses.SparseCategoricalCrossentropy(reduction="none")
     with pytest.raises(ValueError, match="sum_over_batch_size.*mean_with_sample_weight"):
         ac.AccumTrainer(small_mlp(), _adam(), none_loss, accum_steps=K)
-    model = small_mlp(model_cls=ac.AccumModel, accum_steps=K)
-    model.compile(_adam(), none_loss)
-    with pytest.raises(ValueError, match="sum_over_batch_size"):
-        model.fit(x, y, batch_size=MICRO, verbose=0)
+    for way in WAYS:
+        model, batch_size = _accum_model(way)
+        model.compile(_adam(), none_loss)
+        with pytest.raises(ValueError, match="sum_over_batch_size"):
+            model.fit(x, y, batch_size=batch_size, verbose=0)
     with pytest.raises(ValueError, match="normalizer='sample_weight' does not match"):
         ac.AccumTrainer(small_mlp(), _adam(), keras.losses.SparseCategoricalCrossentropy(),
                         accum_steps=K, normalizer="sample_weight")
