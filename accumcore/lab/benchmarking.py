@@ -1,13 +1,15 @@
-"""Benchmark vocabulary and analysis: what book chapter 7 reads and runs live (issue 5).
+"""Benchmark vocabulary and analysis, and the paired timings that book chapter 7 runs live.
 
 The suite that measures (timing, floors, the overhead breakdown, peak-memory subprocesses, the
 micro-batch probe) lives in ``benchmarks/suite.py`` and its front end ``benchmarks/run.py``;
 it writes ``results.json``. This module holds what both sides share and what the book needs:
-the configuration names and targets, the benchmark models and data, the trace counter (run live
-in chapter 7), and the analysis of ``results.json`` (ratios, targets, tables, plots).
+the configuration names and targets, the benchmark models and data, the trace counter and the
+paired, interleaved timings (:func:`paired_rounds`, :func:`fit_epoch`, :func:`paired_ratio`,
+:func:`paired_verdict`; run live in chapter 7), and the analysis of ``results.json`` (ratios,
+targets, tables, plots).
 
-``benchmarks/run.py`` is the command-line front end (JSON, Markdown and PNG output); book
-chapter 7 loads the JSON it writes and plots it with the functions at the end of this module.
+``benchmarks/run.py`` is the command-line front end (JSON, Markdown and PNG output) and the
+book's benchmark reference page shows its tables; chapter 7 reads no committed file.
 
 Throughput (samples per second; every configuration processes the same in-memory data)
     For a model (``"mlp"``: 784-256-256-10, ``"conv"``: a small conv net), a micro-batch b and
