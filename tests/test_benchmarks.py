@@ -437,6 +437,10 @@ def test_paired_verdict_calls_a_tie_when_the_interval_contains_1():
     assert bm.paired_verdict({"low": 0.9, "high": 1.1}, **words) == "a tie"
     assert bm.paired_verdict({"low": 1.0, "high": 1.3}, **words, tie="even") == "even"
     assert bm.paired_verdict({"low": 0.8, "high": 1.0}, **words, tie="even") == "even"
+    # judged as printed, to 2 decimals by default: "[0.71, 1.00]" contains 1
+    assert bm.paired_verdict({"low": 0.71, "high": 0.9996}, **words) == "a tie"
+    assert bm.paired_verdict({"low": 0.71, "high": 0.9996}, **words, digits=None) == "down"
+    assert bm.paired_verdict({"low": 1.004, "high": 1.2}, **words) == "a tie"
 
 
 def test_fit_epoch_times_one_epoch_of_fit_and_trains_it():

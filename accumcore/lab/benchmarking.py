@@ -624,13 +624,17 @@ def fit_epoch(model: keras.Model, x: Any, y: Any, batch_size: int) -> Callable[[
 
 
 def paired_verdict(ratio: dict[str, float], *, faster: str, slower: str,
-                   tie: str = "a tie") -> str:
+                   tie: str = "a tie", digits: int | None = 2) -> str:
     """The words for a :func:`paired_ratio`: ``faster`` when its whole 95 % interval lies
     above 1, ``slower`` when it lies below 1, ``tie`` when it contains 1 (the difference is
-    within what the rounds can resolve)."""
-    if ratio["low"] > 1:
+    within what the rounds can resolve). The interval is judged rounded to ``digits`` decimals
+    (``None``: unrounded), as a page prints it, so that a printed "[0.71, 1.00]" is a tie."""
+    low, high = ratio["low"], ratio["high"]
+    if digits is not None:
+        low, high = round(low, digits), round(high, digits)
+    if low > 1:
         return faster
-    if ratio["high"] < 1:
+    if high < 1:
         return slower
     return tie
 
