@@ -412,6 +412,48 @@ def test_unit_tests_target_needs_the_time_and_no_failure(tmp_path):
                for p in report.validate_outputs(write_fake_run(tmp_path / "broken", broken)))
 
 
+def test_paired_rounds_warms_up_then_rotates_the_order_every_round():
+    calls: list[str] = []
+    seconds = {"a": iter([9.0, 1.0, 2.0, 3.0]), "b": iter([9.0, 4.0, 5.0, 6.0]),
+               "c": iter([9.0, 7.0, 8.0, 9.5])}
+
+    def run(name):
+        return lambda: (calls.append(name), next(seconds[name]))[1]
+
+    out = bm.paired_rounds({name: run(name) for name in "abc"}, rounds=3)
+    # one untimed warm-up each (the 9 s calls), then abc, bca, cab
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab")
+    assert out == {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0], "c": [7.0, 8.0, 9.5]}
+    with pytest.raises(ValueError, match="`rounds` must be an int >= 1"):
+        bm.paired_rounds({"a": lambda: 1.0}, rounds=0)
+    with pytest.raises(ValueError, match="`runs` is empty"):
+        bm.paired_rounds({}, rounds=2)
+
+
+def test_paired_verdict_calls_a_tie_when_the_interval_contains_1():
+    words = dict(faster="up", slower="down")
+    assert bm.paired_verdict({"low": 1.01, "high": 1.2}, **words) == "up"
+    assert bm.paired_verdict({"low": 0.7, "high": 0.99}, **words) == "down"
+    assert bm.paired_verdict({"low": 0.9, "high": 1.1}, **words) == "a tie"
+    assert bm.paired_verdict({"low": 1.0, "high": 1.3}, **words, tie="even") == "even"
+    assert bm.paired_verdict({"low": 0.8, "high": 1.0}, **words, tie="even") == "even"
+    # judged as printed, to 2 decimals by default: "[0.71, 1.00]" contains 1
+    assert bm.paired_verdict({"low": 0.71, "high": 0.9996}, **words) == "a tie"
+    assert bm.paired_verdict({"low": 0.71, "high": 0.9996}, **words, digits=None) == "down"
+    assert bm.paired_verdict({"low": 1.004, "high": 1.2}, **words) == "a tie"
+
+
+def test_fit_epoch_times_one_epoch_of_fit_and_trains_it():
+    x = np.random.default_rng(0).random((40, 784), dtype=np.float32)
+    y = np.arange(40, dtype="int32") % 10
+    model = ac.lab.experiments.mlp(hidden=(8,))
+    model.compile(keras.optimizers.SGD(0.1), LOSS)
+    run = bm.fit_epoch(model, x, y, batch_size=16)
+    seconds = [run(), run()]
+    assert all(0 < s < 60 for s in seconds)
+    assert int(model.optimizer.iterations) == 2 * 3  # 16 + 16 + 8 per epoch
+
+
 def test_paired_ratio_cancels_a_slow_phase_that_hits_both_runs_of_a_round():
     keras_s = [1.0, 1.0, 3.0, 1.0, 1.0, 2.0, 1.0]  # two rounds slowed by the machine
     ours_s = [1.25 * t for t in keras_s]  # 0.8x Keras's throughput in every round

@@ -249,8 +249,14 @@ def test_a_value_glued_from_a_file_fails_and_a_computed_one_passes():
         "allowed file glue matches no glue from a file: 'minutes'"]
 
 
-def test_a_pending_page_fails_once_it_glues_nothing_from_a_file():
-    stem = next(iter(checker.FILE_GLUE_PENDING))
+def test_a_pending_page_fails_once_it_glues_nothing_from_a_file(monkeypatch):
+    stem = "09_pending"
+    monkeypatch.setitem(checker.FILE_GLUE_PENDING, stem, "reads a committed run")
+    from_file = _page("It took {glue:text}`minutes`.", code=(
+        "rows = json.load(open('run.json'))\nglue('minutes', rows[0] / 60)"))
+    assert checker.page_problems(stem, from_file) == []  # pending: not reported yet
+    assert checker.page_problems("09_other", from_file) == [
+        "glued from a file, not computed on the page: 'minutes'"]
     computed = _page("It took {glue:text}`minutes`.", code="glue('minutes', 3)")
     assert checker.page_problems(stem, computed) == [
         "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]

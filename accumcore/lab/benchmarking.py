@@ -1,13 +1,15 @@
-"""Benchmark vocabulary and analysis: what book chapter 7 reads and runs live (issue 5).
+"""Benchmark vocabulary and analysis, and the paired timings that book chapter 7 runs live.
 
 The suite that measures (timing, floors, the overhead breakdown, peak-memory subprocesses, the
 micro-batch probe) lives in ``benchmarks/suite.py`` and its front end ``benchmarks/run.py``;
 it writes ``results.json``. This module holds what both sides share and what the book needs:
-the configuration names and targets, the benchmark models and data, the trace counter (run live
-in chapter 7), and the analysis of ``results.json`` (ratios, targets, tables, plots).
+the configuration names and targets, the benchmark models and data, the trace counter and the
+paired, interleaved timings (:func:`paired_rounds`, :func:`fit_epoch`, :func:`paired_ratio`,
+:func:`paired_verdict`; run live in chapter 7), and the analysis of ``results.json`` (ratios,
+targets, tables, plots).
 
-``benchmarks/run.py`` is the command-line front end (JSON, Markdown and PNG output); book
-chapter 7 loads the JSON it writes and plots it with the functions at the end of this module.
+``benchmarks/run.py`` is the command-line front end (JSON, Markdown and PNG output) and the
+book's benchmark reference page shows its tables; chapter 7 reads no committed file.
 
 Throughput (samples per second; every configuration processes the same in-memory data)
     For a model (``"mlp"``: 784-256-256-10, ``"conv"``: a small conv net), a micro-batch b and
@@ -73,8 +75,9 @@ import io
 import json
 import pathlib
 import re
+import time
 import tokenize
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import keras
@@ -562,6 +565,78 @@ def paired_ratio(reference: Sequence[float], seconds: Sequence[float], *,
     medians = np.median(ratios[picks], axis=1)
     return {"median": float(np.median(ratios)), "low": float(np.percentile(medians, 2.5)),
             "high": float(np.percentile(medians, 97.5)), "rounds": len(ratios)}
+
+
+def paired_rounds(runs: Mapping[str, Callable[[], float]], rounds: int, *, warmup: int = 1
+                  ) -> dict[str, list[float]]:
+    """Time several configurations in interleaved rounds (A B C, B C A, C A B, ...).
+
+    Every round calls each run once, in an order rotated by one from the round before, so a
+    slow phase of a shared machine hits every configuration of the round; :func:`paired_ratio`
+    then compares them round by round.
+
+    Args:
+        runs: ``{name: run}``; ``run()`` does the work once (e.g. one epoch) and returns its
+            seconds (float > 0), timed as it sees fit (:func:`fit_epoch` times an epoch).
+        rounds: timed rounds (int >= 1).
+        warmup: untimed calls of each run before the first round (tracing, first allocations).
+
+    Returns:
+        ``{name: [seconds of round 1, round 2, ...]}``, in the order of ``runs``.
+    """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"`rounds` must be an int >= 1, got {rounds!r}.")
+    if not runs:
+        raise ValueError("`runs` is empty: pass at least one {name: run} entry.")
+    names = list(runs)
+    for name in names:
+        for _ in range(warmup):
+            runs[name]()
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        shift = i % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds[name].append(float(runs[name]()))
+    return seconds
+
+
+def fit_epoch(model: keras.Model, x: Any, y: Any, batch_size: int) -> Callable[[], float]:
+    """A run for :func:`paired_rounds`: one epoch of ``model.fit(x, y, batch_size=...)``, in
+    order, silent; it returns the seconds from ``on_epoch_begin`` to ``on_epoch_end`` (the
+    epoch's steps, without ``fit``'s per-call set-up)."""
+    stamps: dict[str, float] = {}
+
+    class EpochClock(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            stamps["begin"] = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            stamps["end"] = time.perf_counter()
+
+    clock = EpochClock()
+
+    def run() -> float:
+        model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[clock])
+        return stamps["end"] - stamps["begin"]
+
+    return run
+
+
+def paired_verdict(ratio: dict[str, float], *, faster: str, slower: str,
+                   tie: str = "a tie", digits: int | None = 2) -> str:
+    """The words for a :func:`paired_ratio`: ``faster`` when its whole 95 % interval lies
+    above 1, ``slower`` when it lies below 1, ``tie`` when it contains 1 (the difference is
+    within what the rounds can resolve). The interval is judged rounded to ``digits`` decimals
+    (``None``: unrounded), as a page prints it, so that a printed "[0.71, 1.00]" is a tie."""
+    low, high = ratio["low"], ratio["high"]
+    if digits is not None:
+        low, high = round(low, digits), round(high, digits)
+    if low > 1:
+        return faster
+    if high < 1:
+        return slower
+    return tie
 
 
 def unit_tests_cell(record: dict) -> str:
