@@ -106,6 +106,10 @@ def is_hidden(cell: dict) -> bool:
 def notebook_problems(notebook: dict) -> list[str]:
     """Problems of one notebook (a parsed ``.ipynb``): see the module docstring."""
     problems = []
+    ids = [cell.get("id") for cell in notebook.get("cells", [])]
+    if None in ids or len(set(ids)) != len(ids):  # nbformat 4.5: nbval and nbclient warn
+        problems.append(f"{ids.count(None)} cells without an id, "
+                        f"{len(ids) - len(set(ids))} repeated ids (nbformat 4.5 needs one each)")
     defined: set[str] = set(NOTEBOOK_GLOBALS)  # by the visible cells so far
     hidden_only: set[str] = set()  # names bound by hidden cells and (yet) by no visible one
     for index, cell in enumerate(notebook.get("cells", [])):

@@ -75,6 +75,17 @@ def test_a_clean_sample_passes():
     ) == []
 
 
+def test_a_cell_without_an_id_or_a_repeated_id_fires():
+    notebook = _notebook(("code", "x = 1", ()), ("code", "y = x", ()))
+    assert checks.notebook_problems(notebook) == []
+    del notebook["cells"][0]["id"]
+    assert checks.notebook_problems(notebook) == [
+        "1 cells without an id, 0 repeated ids (nbformat 4.5 needs one each)"]
+    notebook["cells"][0]["id"] = "c1"
+    assert checks.notebook_problems(notebook) == [
+        "0 cells without an id, 1 repeated ids (nbformat 4.5 needs one each)"]
+
+
 def test_a_carriage_return_in_a_source_fires():
     # What a JSON "\rceil" becomes: a carriage return, then "ceil".
     found = _problems(("markdown", "$\\lceil 1875 / 8 \rceil = 235$", []))
