@@ -341,3 +341,53 @@ def test_a_markdown_page_s_comment_is_not_shown_its_text_is(tmp_path):
     page.write_text("# A page\n\nIt is exact (the library's tests check it).\n")
     shown = {"cells": [{"cell_type": "markdown", "source": _visible_markdown(page)}]}
     assert len(checker.known_contradictions("*", shown, outputs=False)) == 1
+
+
+# ---------------------------------------------------------------------------- glued numbers
+def _glued_page(markdown: str, printed: str, glued: dict, tags: tuple = ()) -> dict:
+    """An executed page: a visible cell printing ``printed``, a removed cell gluing
+    ``glued`` (as ``accumcore.lab.book.glue`` records it), then the markdown."""
+    records = [{"output_type": "display_data", "metadata": {"scrapbook": {"name": key}},
+                "data": {"application/papermill.record/text/plain": repr(value)}}
+               for key, value in glued.items()]
+    return {"cells": [
+        {"cell_type": "code", "source": "", "metadata": {"tags": list(tags)},
+         "outputs": [{"output_type": "stream", "text": printed}]},
+        {"cell_type": "code", "source": "", "metadata": {"tags": ["remove-cell"]},
+         "outputs": records},
+        {"cell_type": "markdown", "source": markdown, "metadata": {}}]}
+
+
+def test_a_glued_range_shown_only_in_a_figure_fails():
+    """Masks and tokens' 'from 2.32 to 1.42' (issue 48): the figure drew it, nothing printed."""
+    page = _glued_page("The loss falls from {glue:text}`first:.2f` to {glue:text}`last:.2f`.",
+                       "rel 6.9e-06 to 1.4e-05\n", {"first": 2.3150265, "last": 1.4203})
+    assert checker.unprinted_glue(page) == ["glued number printed by no output: first = 2.32",
+                                            "glued number printed by no output: last = 1.42"]
+
+
+def test_a_glued_number_printed_in_any_rounding_passes():
+    page = _glued_page("From {glue:text}`first:.2f` to {glue:text}`last:.1e`, "
+                       "{glue:text}`n` runs, {glue:text}`verdict`.",
+                       "training loss 2.315 before, 1.42e-03 after; 1,000 runs\n",
+                       {"first": 2.3150265, "last": 0.0014203, "n": 1000, "verdict": "a tie"})
+    assert checker.unprinted_glue(page) == []
+
+
+def test_a_number_printed_by_a_hidden_output_does_not_count():
+    page = _glued_page("From {glue:text}`first:.2f`.", "loss 2.32\n", {"first": 2.3150265},
+                       tags=("remove-output",))
+    assert len(checker.unprinted_glue(page)) == 1
+
+
+def test_a_pending_page_is_not_reported_until_it_prints_everything(tmp_path, capsys):
+    stem = next(iter(checker.GLUE_PRINT_PENDING))
+    unprinted = _glued_page("From {glue:text}`first:.2f`.", "x\n", {"first": 2.3150265})
+    assert checker.executed_page_problems(stem, unprinted) == []
+    printed = _glued_page("From {glue:text}`first:.2f`.", "2.32\n", {"first": 2.3150265})
+    assert checker.executed_page_problems(stem, printed) == [
+        "GLUE_PRINT_PENDING lists the page, but it prints every glued number now"]
+    (tmp_path / "masks_tokens.ipynb").write_text(json.dumps(unprinted))
+    assert checker.main([str(tmp_path)]) == 1
+    assert "masks_tokens: glued number printed by no output: first = 2.32" in \
+        capsys.readouterr().out
