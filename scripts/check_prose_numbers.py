@@ -395,7 +395,7 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
     "*": {
         r"at the end of epoch 0\b|in epoch 0\b": "an epoch counted from 0 shown to readers",
         r"tested in `?tests/": "a test citation on a reader's page (CONTRIBUTING keeps them)",
-        r"\b(?:library's|book's) tests\b": "defers to the tests instead of showing: the page "
+        r"\b(?:library|book)['’]s tests\b": "defers to the tests instead of showing: the page "
                                              "shows the fact with a computation, or drops it",
         r"times the ~?\S+ of one (?:window|update)\b": "a whole run's distance measured in "
                                                       "one window's round-off (chapter 4's "

@@ -312,6 +312,7 @@ def test_a_deferral_to_the_tests_fails_on_any_page_written_or_glued():
         "output_type": "display_data", "metadata": {"scrapbook": {"name": "x_words"}},
         "data": {"application/papermill.record/text/plain": "'the library's tests check it'"}}]}]}
     assert len(checker.known_contradictions("guide_x", glued)) == 1
+    assert checker.known_contradictions("guide_x", _page("Exact (the book’s tests check it)."))
     assert checker.known_contradictions("guide_x", _page("The tests below check it.")) == []
 
 
