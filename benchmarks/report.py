@@ -977,6 +977,26 @@ def _reader_probe(results: dict[str, Any]) -> list[str]:
     return [line.replace(": target B=", ", for updates of B=") for line in _probe_section(results)]
 
 
+def _folded(title: str, lines: list[str]) -> list[str]:
+    """``lines`` in a dropdown box of the book (MyST), closed until the reader opens it; a
+    heading among them becomes a bold line (MyST allows no heading inside a directive)."""
+    body = [f"**{line[5:]}**" if line.startswith("#### ") else line for line in lines]
+    return [f"````{{admonition}} {title}", ":class: dropdown", "", *body, "````", ""]
+
+
+def _fold_tables(lines: list[str], title: str) -> list[str]:
+    """``lines`` with their Markdown table (the rows starting with ``|``) folded."""
+    rows = [line for line in lines if line.startswith("|")]
+    if not rows:
+        return lines
+    first = lines.index(rows[0])
+    return lines[:first] + _folded(title, rows) + lines[first + len(rows):]
+
+
+#: Rows of the machine table that describe the run, not the machine (RESULTS.md keeps them).
+_READER_MACHINE_SKIP = ("| platform |", "| load average")
+
+
 def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
     """The reader's page for ``result_dirs``: what the book's Reference shows.
 
@@ -993,16 +1013,20 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
         name = os.path.basename(os.path.normpath(d))
         prefix = _image_prefix(d, md_dir)
         lines += [f"## {name}: `{results['device']}`", "", "### Machine", ""]
-        lines += _machine_section(results) + [""]
+        lines += [line for line in _machine_section(results)
+                  if not line.startswith(_READER_MACHINE_SKIP)] + [""]
         if results["throughput"]:
             lines += ["### Summary", ""] + _reader_summary(results) + [""]
             lines += ["### Throughput (samples/s)", "",
                       "Median of the interleaved repeats (± half the range over the repeats, in "
-                      "% of the median).", ""]
-            lines += _throughput_tables(results, None)
+                      "% of the median); the summary above gives their ratios.", ""]
+            lines += _folded("Every configuration's throughput, per model and cell",
+                             _throughput_tables(results, None))
             lines += _reader_ratios_plot(prefix)
-        lines += ["### Graph operations", ""] + _reader_ops(results) + [""]
-        lines += ["### Where the time goes", ""] + _breakdown_section(results)
+        lines += ["### Graph operations", ""] + _fold_tables(
+            _reader_ops(results), "The operations of every entry point") + [""]
+        lines += ["### Where the time goes", ""] + _fold_tables(
+            _breakdown_section(results), "Every ingredient's time, per model")
         if results.get("breakdown"):
             lines += ["", "The *added ms* column is what each ingredient costs per micro-batch; "
                       "a negative step is smaller than the noise of this machine."]

@@ -80,6 +80,26 @@ def test_reader_page_has_the_tables_and_none_of_the_targets(tmp_path):
     assert "| mlp b=16 K=4 | 1.12 | 0.95 |" in maintainers
 
 
+def test_reader_page_folds_the_long_tables_and_keeps_run_metadata_off(tmp_path):
+    """The full tables (throughput, graph operations, the time's breakdown) are folded, with
+    no heading inside a fold; the summary, the plots and the sentences stay open."""
+    out = _full_fake_run(tmp_path / "run")
+    text = open(report.write_reader_page([out], os.path.join(out, "READER.md")),
+                encoding="utf-8").read()
+    folds = text.split("````{admonition}")[1:]
+    with open(os.path.join(out, "results.json"), encoding="utf-8") as f:
+        measured_breakdown = bool(json.load(f).get("breakdown"))
+    assert len(folds) == 2 + measured_breakdown  # throughput, operations (, breakdown)
+    bodies = [fold.split("\n````\n")[0] for fold in folds]
+    assert "| (4) accumcore AccumModel.fit | 90 (±0 %) |" in bodies[0]
+    assert "| mlp | AccumTrainer.window_step | 700 | 450 | 1.56 |" in bodies[1]
+    assert all(":class: dropdown" in body and "\n#" not in body for body in bodies)
+    open_text = text.split("````{admonition}")[0] + "".join(
+        fold.split("\n````\n")[1] for fold in folds)
+    assert "### Summary" in open_text and "![ratios](ratios.png)" in open_text
+    assert "| platform |" not in text and "load average" not in text
+
+
 @pytest.mark.parametrize("line", [
     "**22 of 51 checks met.**",
     "| (4)/(3) | mlp b=16 K=4 | 0.838 | 1.000 | **no** (missed by 16.2 %) |",

@@ -195,7 +195,10 @@ def _api_page_objects():
                 obj = getattr(importlib.import_module(module), attribute)
             except ImportError:  # a class's member (accumcore.AccumulationState.prepare)
                 owner, _, cls = module.rpartition(".")
-                obj = vars(getattr(importlib.import_module(owner), cls))[attribute]
+                members = vars(getattr(importlib.import_module(owner), cls))
+                if attribute not in members:  # an instance attribute: a `#:` comment, no
+                    continue  # docstring (autoattribute reads the comment from the source)
+                obj = members[attribute]
                 obj = obj.fget if isinstance(obj, property) else obj
         found.append((name, obj))
         members = vars(obj).items() if inspect.isclass(obj) or inspect.ismodule(obj) else ()

@@ -159,11 +159,9 @@ class AccumModel(keras.Model):
         accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
             is the micro-batch size b; the effective batch is K * b). This or
             ``micro_batch_size`` is required: without either, ``fit`` / ``train_on_batch``
-            raise ``ValueError`` (pass ``accum_steps=1`` for no accumulation). Construction
-            itself does not raise, because Keras builds
-            AccumModels without it and passes the settings afterwards
-            (``keras.models.clone_model`` through the compile config, ``load_model`` through
-            ``from_config``); ``set_accumulation(accum_steps=K)`` sets it too.
+            raise ``ValueError`` (pass ``accum_steps=1`` for no accumulation); construction
+            does not (``clone_model`` and ``load_model`` pass the settings afterwards), and
+            ``set_accumulation(accum_steps=K)`` sets it too.
         end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
         nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
             :class:`~accumcore.NonFinitePolicy` (a custom one cannot be serialised).
@@ -189,13 +187,9 @@ class AccumModel(keras.Model):
     tracked by ``tf.train.Checkpoint(model=model)``; in a weights file it sits under its own
     path, so ``load_weights`` into a plain ``keras.Model`` of the same layers works (serving).
 
-    Keras workflows (the book's Reference page "Keras workflows"): an unbuilt subclass is
-    built on the first batch, as a plain ``keras.Model`` subclass is; a model without
-    trainable variables (``model.trainable = False``) trains nothing, with a warning, as
-    ``keras.Model.fit`` does;
-    ``keras.models.clone_model`` of a compiled AccumModel keeps its settings; stock
-    ``BatchNormalization`` layers draw one warning per model (use ``convert_batchnorm``);
-    ``train_on_batch`` runs one micro-batch per call.
+    Unbuilt subclasses, frozen models, ``clone_model``, stock ``BatchNormalization`` and
+    ``train_on_batch`` (one micro-batch per call) behave as the book's Reference page "Keras
+    workflows" lists.
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
