@@ -22,7 +22,14 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, assert_matches_reference, make_data, reference_weights, small_mlp
+from helpers import (
+    LOSS,
+    assert_matches_reference,
+    get_weights,
+    make_data,
+    reference_weights,
+    small_mlp,
+)
 
 import accumcore as ac
 
@@ -269,3 +276,66 @@ def test_a_fixed_micro_batch_that_runs_out_of_memory_names_auto(data, limit):
     model = _split_model(micro=6, make_model=_limited_mlp)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="micro_batch_size='auto'"):
         model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+
+# ---------------------------------------------------------------------- static shapes of the slices
+@keras.saving.register_keras_serializable(package="accumcore_tests")
+class _LastDimScale(keras.layers.Layer):
+    """Multiplies by a ramp as long as the input's last dimension, read from the static shape
+    in ``call`` (``None`` there fails: ``arange(None)``)."""
+
+    def call(self, x):
+        return x * keras.ops.arange(1, x.shape[-1] + 1, dtype=x.dtype) / x.shape[-1]
+
+
+def _shape_model(seed: int = 0) -> keras.Model:
+    """Dict input: ``image`` (4, 4, 1) through Conv2D, ``Reshape`` and :class:`_LastDimScale`,
+    ``tokens`` (5,) through an ``Embedding`` (a matrix, dense gradients); 10 softmax classes,
+    for integer labels of shape ``(N, 1)`` (Keras squeezes them from their static shape)."""
+    keras.utils.set_random_seed(seed)
+    image = keras.Input((4, 4, 1), name="image")
+    tokens = keras.Input((5,), dtype="int32", name="tokens")
+    h = keras.layers.Conv2D(3, 3)(image)  # (2, 2, 3)
+    h = _LastDimScale()(keras.layers.Reshape((12,))(h))
+    e = keras.layers.Flatten()(keras.layers.Embedding(7, 2)(tokens))
+    h = keras.layers.Concatenate()([h, e])
+    return keras.Model({"image": image, "tokens": tokens},
+                       keras.layers.Dense(10, activation="softmax")(h))
+
+
+def _shape_data(n: int = 40):
+    rng = np.random.default_rng(3)
+    x = {"image": rng.normal(size=(n, 4, 4, 1)).astype("float32"),
+         "tokens": rng.integers(0, 7, size=(n, 5)).astype("int32")}
+    y = rng.integers(0, 10, size=(n, 1)).astype("int32")
+    sw = rng.uniform(0.5, 2.0, size=(n, 1)).astype("float32")
+    return x, y, sw
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("way", ["micro_batch_size", "accum_steps"])
+def test_every_slice_keeps_the_static_shape_of_every_non_batch_dimension(way, jit):
+    """``(N, 1)`` integer labels with sparse categorical cross-entropy, ``Reshape``, a layer
+    that reads ``shape[-1]``, dict inputs with an ``Embedding``, ``(N, 1)`` sample weights:
+    each needs the inner dimensions static in every micro-batch (before: Keras raised "Argument
+    `output` must have rank (ndim) `target.ndim - 1`" on the split's labels). The update
+    equals plain Keras at B = 16 (batches 16, 16, 8) from the same initial weights, within
+    ``REL_TOL`` (measured ~8e-7: float32 re-association). SGD: plain Keras's Adam updates the
+    Embedding's sparse gradient (repeated rows) differently from the same gradient dense
+    (rel 0.4 here; tests/helpers.py ``dense_reference``), SGD's scatter-add does not."""
+    x, y, sw = _shape_data()
+    plain = _shape_model()
+    initial = get_weights(plain)
+    plain.compile(keras.optimizers.SGD(0.1), LOSS)
+    for s in _batches(40, B):
+        plain.train_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s])
+    model = _shape_model()
+    model.compile(keras.optimizers.SGD(0.1), LOSS, jit_compile=jit)
+    if way == "micro_batch_size":  # B = 16 split 6 + 6 + 4, the last batch 6 + 2
+        ac.accumulate(model, micro_batch_size=b)
+        model.fit(x, y, sample_weight=sw, batch_size=B, shuffle=False, verbose=0)
+    else:  # K = 4 micro-batches of 4
+        ac.accumulate(model, accum_steps=4)
+        model.fit(x, y, sample_weight=sw, batch_size=4, shuffle=False, verbose=0)
+    assert_matches_reference(model, initial, get_weights(plain))
+    assert int(model.optimizer.iterations.numpy()) == 3

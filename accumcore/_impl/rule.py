@@ -233,7 +233,13 @@ def micro_batches(batch: tuple, size: int, body: Callable, totals: tuple) -> tup
 
 
 def take(batch: Any, start, length) -> Any:
-    """Samples ``[start, start + length)`` of every tensor in ``batch`` (``None`` stays)."""
+    """Samples ``[start, start + length)`` of every tensor in ``batch`` (``None`` stays).
+
+    Every slice keeps the static shape of every non-batch dimension of its tensor (and a
+    static batch dimension where ``length`` is a Python int): Keras decides things from static
+    shapes at trace time (the squeeze of ``(N, 1)`` integer labels, ``Reshape``, a layer
+    reading ``shape[-1]``), and ``tf.slice`` with a traced ``begin`` would forget them."""
+    static_length = length if isinstance(length, int) else None
 
     def one(t):
         if t is None:
@@ -241,9 +247,11 @@ def take(batch: Any, start, length) -> Any:
         if isinstance(t, tf.Tensor) and t.shape.rank is not None:
             rank = t.shape.rank
             begin = tf.stack([tf.cast(start, tf.int32)] + [0] * (rank - 1))
-            sizes = tf.stack([tf.cast(length, tf.int32)] + [-1] * (rank - 1)) if (
-                not isinstance(length, int)) else [length] + [-1] * (rank - 1)
-            return tf.slice(t, begin, sizes)
+            sizes = [length] + [-1] * (rank - 1) if static_length is not None else (
+                tf.stack([tf.cast(length, tf.int32)] + [-1] * (rank - 1)))
+            piece = tf.slice(t, begin, sizes)
+            piece.set_shape(tf.TensorShape([static_length]).concatenate(t.shape[1:]))
+            return piece
         return t[start : start + length]
 
     return tf.nest.map_structure(one, batch)
