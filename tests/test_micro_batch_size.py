@@ -17,6 +17,7 @@ micro-batch above a limit, which reaches the caller as ``tf.errors.ResourceExhau
 from __future__ import annotations
 
 import logging
+import warnings
 
 import keras
 import numpy as np
@@ -339,3 +340,35 @@ def test_every_slice_keeps_the_static_shape_of_every_non_batch_dimension(way, ji
         model.fit(x, y, sample_weight=sw, batch_size=4, shuffle=False, verbose=0)
     assert_matches_reference(model, initial, get_weights(plain))
     assert int(model.optimizer.iterations.numpy()) == 3
+
+
+# ---------------------------------------------------------------------- batches never larger than b
+def _nothing_split(record) -> list[str]:
+    return [str(w.message) for w in record if "nothing is split" in str(w.message)]
+
+
+def test_batches_never_larger_than_b_warn_once_naming_batch_size_and_accum_steps(data):
+    """The micro-step habit (``batch_size`` = b) trains updates of b with no accumulation: one
+    warning per ``fit`` names ``batch_size=B`` and the ``accum_steps`` call of the object held.
+    Not for batches larger than b whose last one is not (B = 16, b = 8: 16, 16, 8), nor for
+    ``"auto"`` (which reports its b) or ``accum_steps``."""
+    x, y = data
+
+    def fit_record(model, *args, **kwargs):
+        model.compile(adam(), LOSS)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            model.fit(*args, shuffle=False, verbose=0, **kwargs)
+        return _nothing_split(record)
+
+    found = fit_record(ac.accumulate(small_mlp(), micro_batch_size=16), x, y, batch_size=16,
+                       epochs=2)
+    assert len(found) == 1 and "batch_size=64" in found[0]
+    assert "`accumcore.accumulate(model, accum_steps=K)`" in found[0]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(b)  # batch dimension unknown
+    found = fit_record(small_mlp(model_cls=ac.AccumModel, micro_batch_size=b), ds)
+    assert len(found) == 1 and "`model.set_accumulation(accum_steps=K)`" in found[0]
+    assert not fit_record(ac.accumulate(small_mlp(), micro_batch_size=8), x, y, batch_size=16)
+    assert not fit_record(ac.accumulate(small_mlp(), micro_batch_size="auto"), x, y,
+                          batch_size=16)
+    assert not fit_record(ac.accumulate(small_mlp(), accum_steps=2), x, y, batch_size=8)

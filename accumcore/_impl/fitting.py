@@ -71,11 +71,28 @@ class WindowFlushCallback(keras.callbacks.Callback):
         super().__init__()
         self._epoch = 0
         self._saw_batch: bool | None = None  # a training batch ran in the current epoch
+        # (micro-batches seen, windows) before the first batch, while it is to be checked
+        self._split_from: tuple[int, int] | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        state = self.model.accumulation
         # A NonFiniteGradientError stopped the previous fit: clear the stop (logged).
-        if self.model.accumulation.built:
-            self.model.accumulation.clear_nonfinite()
+        if state.built:
+            state.clear_nonfinite()
+        self._split_from = None
+        if isinstance(state.settings.micro_batch_size, int):  # checked after the first call
+            self._split_from = _split_counts(state) if state.built else (0, 0)
+
+    def _check_split(self) -> None:
+        """Once per ``fit``, after its first call of the train function (one host read):
+        warn if no batch was split (``settings.warn_if_nothing_split``)."""
+        start, self._split_from = self._split_from, None
+        seen, windows = _split_counts(self.model.accumulation)
+        settings.warn_if_nothing_split(
+            self.model.accumulation.settings.micro_batch_size, seen - start[0],
+            windows - start[1],
+            "`model.set_accumulation(accum_steps=K)`" if hasattr(self.model, "set_accumulation")
+            else "`accumcore.accumulate(model, accum_steps=K)`")
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -84,6 +101,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # No non-finite check here (a host read): a stopped state discards every later window.
         self._saw_batch = True
+        if self._split_from is not None and self.model.accumulation.built:
+            self._check_split()
 
     def _raise_if_nonfinite(self) -> None:
         self.model.accumulation.raise_if_nonfinite(self._epoch)
@@ -108,6 +127,13 @@ class WindowFlushCallback(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         # Training stopped inside an epoch (e.g. `model.stop_training` set by a callback).
         self._raise_if_nonfinite()
+
+
+def _split_counts(state: AccumulationState) -> tuple[int, int]:
+    """``(micro-batches seen, windows closed)`` of a built state (a host read)."""
+    with tf.init_scope():
+        return (int(state.micro_batches_seen.numpy()),
+                int(state.windows_applied.numpy()) + int(state.windows_skipped.numpy()))
 
 
 # ---------------------------------------------------------------------- settings
