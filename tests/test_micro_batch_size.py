@@ -372,3 +372,130 @@ def test_batches_never_larger_than_b_warn_once_naming_batch_size_and_accum_steps
     assert not fit_record(ac.accumulate(small_mlp(), micro_batch_size="auto"), x, y,
                           batch_size=16)
     assert not fit_record(ac.accumulate(small_mlp(), accum_steps=2), x, y, batch_size=8)
+
+
+# ---------------------------------------------------------------------- one split everywhere
+class _SizeRecorder(keras.layers.Layer):
+    """Identity that records the samples of every batch it runs on (a ``tf.py_function``:
+    eager, not under XLA)."""
+
+    SIZES: list[int] = []
+
+    def call(self, x):
+        def record(t):
+            self.SIZES.append(int(t.shape[0]))
+            return t
+
+        out = tf.py_function(record, [x], x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+
+def _recording_mlp(model_cls=keras.Model, **kwargs) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    hidden = _SizeRecorder()(keras.layers.Dense(16, activation="tanh")(inputs))
+    return model_cls(inputs, keras.layers.Dense(3, activation="softmax")(hidden), **kwargs)
+
+
+ENTRY_POINTS = ("accumulate", "AccumModel", "eager", "function", "graph", "window_step")
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_cuts_a_batch_of_100_at_b_32_the_same_way(entry):
+    """``micro_batch_size=32`` and a batch of B = 100: 32 + 32 + 32 + 4 at every entry point
+    (before: ``window_step`` cut 25 x 4 and ``AccumTrainer``'s b meant K = B / b), one update,
+    equal to plain Keras on the 100 samples within ``REL_TOL``."""
+    x, y = make_data(100)
+    initial, ref = reference_weights(adam, x, y, None, windows=[slice(0, 100)],
+                                     make_model=_recording_mlp)
+    _SizeRecorder.SIZES = []
+    optimizer = adam()
+    if entry in ("accumulate", "AccumModel"):
+        model = (ac.accumulate(_recording_mlp(), micro_batch_size=32) if entry == "accumulate"
+                 else _recording_mlp(ac.AccumModel, micro_batch_size=32))
+        model.compile(optimizer, LOSS)
+        model.fit(x, y, batch_size=100, shuffle=False, verbose=0)
+    else:
+        model = _recording_mlp()
+        trainer = ac.AccumTrainer(model, optimizer, LOSS, micro_batch_size=32)
+        if entry == "window_step":
+            trainer.window_step(x, y)
+        else:
+            trainer.fit(x, y, batch_size=100, shuffle=False, mode=entry, verbose=0)
+    # (the rest's pass does not wait for the loop's in a graph: the order may differ)
+    assert sorted(_SizeRecorder.SIZES) == [4, 32, 32, 32]
+    assert int(optimizer.iterations.numpy()) == 1
+    assert_matches_reference(model, initial, ref)
+
+
+def _trainer_equivalence(way: str, entry: str, jit: bool) -> None:
+    x, y, sw = _shape_data()
+    plain = _shape_model()
+    initial = get_weights(plain)
+    plain.compile(keras.optimizers.SGD(0.1), LOSS)
+    for s in _batches(40, B):
+        plain.train_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s])
+    model = _shape_model()
+    how = dict(micro_batch_size=b) if way == "micro_batch_size" else dict(accum_steps=4)
+    trainer = ac.AccumTrainer(model, keras.optimizers.SGD(0.1), LOSS, jit_compile=jit, **how)
+    if entry == "window_step":  # batches of 16, 16, 8: cut by b, or by ceil(n / K)
+        for s in _batches(40, B):
+            trainer.window_step({k: v[s] for k, v in x.items()}, y[s], sw[s])
+    else:
+        trainer.fit(x, y, sample_weight=sw, batch_size=B if way == "micro_batch_size" else 4,
+                    shuffle=False, mode=entry, verbose=0)
+    assert_matches_reference(model, initial, get_weights(plain))
+    assert int(trainer.optimizer.iterations.numpy()) == 3
+
+
+@pytest.mark.parametrize("entry,jit", [("eager", False), ("function", True),
+                                       ("graph", False), ("window_step", False),
+                                       ("window_step", True)])
+@pytest.mark.parametrize("way", ["micro_batch_size", "accum_steps"])
+def test_accum_trainer_means_what_accumulate_means(way, entry, jit):
+    """``AccumTrainer(micro_batch_size=b)``: each batch given is B, split (16: 6 + 6 + 4, the
+    last 8: 6 + 2); ``accum_steps=K``: each batch a micro-batch. The static-shape model
+    (``(N, 1)`` labels, ``Reshape``, ``shape[-1]``, an ``Embedding``, ``(N, 1)`` sample
+    weights) equals plain Keras at B = 16 within ``REL_TOL`` (SGD: see the static-shape
+    test); ``window_step`` under XLA on the ragged last batch included."""
+    _trainer_equivalence(way, entry, jit)
+
+
+def test_accum_trainer_checks_what_every_entry_point_checks(data):
+    """The same checks as ``accumulate``: both ways refused (before: ``accum_steps=4,
+    micro_batch_size=16`` trained), 0 refused (before: 0 became 32), the old form warns
+    naming the new calls and keeps its meaning (K = B / b, batches of b)."""
+    with pytest.raises(ValueError, match="`accum_steps` or `micro_batch_size`, not both"):
+        ac.AccumTrainer(small_mlp(), adam(), LOSS, accum_steps=4, micro_batch_size=16)
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match=r"`micro_batch_size` must be a positive int"):
+            ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=bad)
+    with pytest.raises(ValueError, match="accumcore.accumulate"):
+        ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size="auto")
+    with pytest.raises(TypeError, match="micro_batch_size=b"):
+        ac.AccumTrainer(small_mlp(), adam(), LOSS)
+    with pytest.warns(FutureWarning, match=r"micro_batch_size=16\).*batch_size=64.*"
+                                           r"accum_steps=4"):
+        old = ac.AccumTrainer(small_mlp(), adam(), LOSS, effective_batch_size=64,
+                              micro_batch_size=16)
+    assert (old.accum_steps, old.micro_batch_size) == (4, None)
+    x, y = data
+    assert old.fit(x, y, verbose=0).micro_weights == [16.0, 16.0, 8.0]
+
+
+def test_accum_trainer_batches_never_larger_than_b_warn_once(data):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=16)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        trainer.window_step(x[:16], y[:16])
+        trainer.window_step(x[:16], y[:16])
+    found = _nothing_split(record)
+    assert len(found) == 2 and "`AccumTrainer(..., accum_steps=K)`" in found[0]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=8).fit(
+            x, y, batch_size=16, verbose=0)  # 16, 16 and 8: the last is not split
+    assert not _nothing_split(record)

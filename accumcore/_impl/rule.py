@@ -188,8 +188,9 @@ def one_window(state, optimizer, variables: Sequence, batch: tuple, size: int,
             micro-batch's forward and backward pass (and whatever else it records: metrics).
 
     Returns:
-        ``(loss, applied)``: the batch's mean loss ``sum c_i L_i / sum c_i`` (float32 scalar)
-        and whether an optimizer update was applied (bool scalar).
+        ``(loss, log_weight, applied)``: the batch's mean loss ``sum c_i L_i / sum c_i``
+        (float32 scalar), what it is a mean over, ``sum c_i`` (float32 scalar), and whether
+        an optimizer update was applied (bool scalar).
     """
     check_variables(state.variables_accumulated, variables)
 
@@ -200,7 +201,7 @@ def one_window(state, optimizer, variables: Sequence, batch: tuple, size: int,
 
     totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
     applied = state.apply_window(optimizer)
-    return tf.math.divide_no_nan(*totals), applied
+    return tf.math.divide_no_nan(*totals), totals[1], applied
 
 
 def micro_batches(batch: tuple, size: int, body: Callable, totals: tuple) -> tuple:
