@@ -32,14 +32,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import compat, rule, settings
+from accumcore._impl import compat, settings
 from accumcore._impl.auto_micro_batch import OUT_OF_MEMORY, retrying_train_function
 from accumcore._impl.denominators import counted, resolve_normalizer, uncounted
 from accumcore._impl.gradients import first_leaf, summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
 from accumcore._impl.nonfinite import NonFinitePolicy
 from accumcore._impl.settings import AUTO, check_optimizer, warn_if_float16_without_loss_scaling
-from accumcore._impl.state import AccumulationState, saved_micro_step
+from accumcore._impl.state import AccumulationState, saved_micro_step, take
 
 #: The call that applies a pending window of a model trained by ``fit`` (an ``AccumModel`` or
 #: an ``accumulate`` d model): the one every message of the fit side names.
@@ -500,8 +500,9 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
 
 def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     """One train step: with ``micro_batch_size`` the whole batch, split into micro-batches
-    (``rule.one_window``: one update); else one micro-batch, whose gradient ``c_i * grad(L_i)``
-    goes into the window, which closes (one ``optimizer.apply``) on every K-th call. The
+    (``AccumulationState.one_window``: one update); else one micro-batch
+    (``AccumulationState.step``), whose gradient ``c_i * grad(L_i)`` goes into the window,
+    which closes (one ``optimizer.apply``) on every K-th call. The
     logged loss is the window-true mean (the tracker's total and count grow by ``c_i * L_i``
     and ``c_i`` per micro-batch)."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -513,15 +514,14 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     size = state.micro_batch_size
     if size is not None:
         n = tf.shape(first_leaf(x))[0]
-        rule.one_window(state, model.optimizer, model.trainable_variables,
-                        (x, y, sample_weight), size,
-                        functools.partial(_micro_batch, model,
-                                          micro_batches=(n + size - 1) // size))
+        state.one_window(model.optimizer, model.trainable_variables, (x, y, sample_weight),
+                         size, functools.partial(_micro_batch, model,
+                                                 micro_batches=(n + size - 1) // size))
         logs = model.get_metrics_result()
     else:
         out = _micro_batch(model, x, y, sample_weight)
-        rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
-                  out.samples, out.undivided)
+        state.step(out.grads, out.weight, out.samples, model.optimizer,
+                   model.trainable_variables, out.undivided)
         logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     logs.update(state.nonfinite_policy.fit_logs(state))  # what the policy skipped
     if is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)
@@ -571,7 +571,7 @@ def probe_step(model: keras.Model) -> Callable[[Any, int], float]:
 
     def probe(batch: Any, size: int) -> float:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        return float(step(*rule.take((x, y, sample_weight), 0, size)))
+        return float(step(*take((x, y, sample_weight), 0, size)))
 
     return probe
 

@@ -12,8 +12,9 @@ and :meth:`~accumcore.AccumTrainer.window_step`, which takes one large batch and
 *inside* the graph, so only one micro-batch's activations are alive at a time.
 
 ``micro_batch_size=b``: each batch given (to ``fit``, ``window_step``, ``train_micro_batch``) is
-the recipe's batch B, split inside the step into micro-batches of at most b (``rule.one_window``,
-the cut every entry point makes: b, b, ..., the rest), one update per batch. ``accum_steps=K``:
+the recipe's batch B, split inside the step into micro-batches of at most b
+(``AccumulationState.one_window``, the cut every entry point makes: b, b, ..., the rest), one
+update per batch. ``accum_steps=K``:
 each batch given is a micro-batch, K per update (``window_step`` cuts its batch of n into
 micro-batches of ``ceil(n / K)`` with the same function).
 """
@@ -30,7 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import datasets, distribute, epoch_loop, rule, settings
+from accumcore._impl import datasets, distribute, epoch_loop, settings
 from accumcore._impl.denominators import CountedLoss, resolve_normalizer
 from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
 from accumcore._impl.gradients import (
@@ -284,14 +285,14 @@ class AccumTrainer:
         out = summed_loss_gradients(self.model, self._loss_of, x, y, sample_weight,
                                     normalizer=self._weighting, optimizer=self.optimizer,
                                     state=self.state)
-        applied = rule.step(self.state, self.optimizer, self.model.trainable_variables,
-                            out.grads, out.weight, out.samples, out.undivided)
+        applied = self.state.step(out.grads, out.weight, out.samples, self.optimizer,
+                                  self.model.trainable_variables, out.undivided)
         return out.loss, out.log_weight, applied
 
     def _split_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
                      size: int | None = None) -> tuple:
-        """One batch as one window (``rule.one_window``): cut into micro-batches of ``size``
-        samples (default: ``micro_batch_size``; a Python int), the last the rest, each
+        """One batch as one window (``AccumulationState.one_window``): cut into micro-batches
+        of ``size`` samples (default: ``micro_batch_size``; a Python int), the last the rest, each
         accumulated as :meth:`_micro_step` does, then applied once. Returns ``(mean loss,
         log weight, applied)``, float32, float32 and bool scalars."""
         size = size or self.micro_batch_size
@@ -302,8 +303,8 @@ class AccumTrainer:
                 self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
                 optimizer=self.optimizer, state=self.state, micro_batches=micro_batches)
 
-        return rule.one_window(self.state, self.optimizer, self.model.trainable_variables,
-                               (x, y, sample_weight), size, contribute)
+        return self.state.one_window(self.optimizer, self.model.trainable_variables,
+                                     (x, y, sample_weight), size, contribute)
 
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
         """Run one micro-batch; apply an update if it completes a window. With
@@ -341,7 +342,7 @@ class AccumTrainer:
         """One optimizer update from one large batch, split in the graph.
 
         The batch of ``n`` samples is cut by the same function as every entry point
-        (``rule.micro_batches``: b, b, ..., the rest) into micro-batches of b =
+        (``state.micro_batches``: b, b, ..., the rest) into micro-batches of b =
         ``micro_batch_size`` samples, or, with ``accum_steps`` K, of ``ceil(n / K)`` (K
         micro-batches at most: 64 at K = 4 runs as 4 x 16, 50 as 13 + 13 + 13 + 11). The
         gradients are accumulated inside one ``tf.function`` and applied once, without holding
