@@ -85,7 +85,10 @@ class AccumulationState(tf.Module):
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
         self._plans = _Untracked({})  # (optimizer, rule.Plan) by optimizer id, made once each
         self._weighting = _Untracked("auto")
-        self._present = _Untracked(())  # see `present`
+        # The indices of the accumulated variables the loss has a gradient for, as the last
+        # traced micro-batch found them (rule.present_of): a window is applied to these only,
+        # as optimizer.apply skips a None gradient.
+        self._present = _Untracked(())
         #: The call that applies a pending window, for the object the user holds (messages
         #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
         self.flush_call = "`state.flush(optimizer)`"
@@ -167,23 +170,6 @@ class AccumulationState(tf.Module):
     def built(self) -> bool:
         return self._pieces.value is not None
 
-    @property
-    def pieces(self) -> tuple:
-        """The rule's view of a built state's variables, ``(Window, Counters, Stop)``
-        (``accumcore._impl.rule``)."""
-        return self._pieces_checked()
-
-    @property
-    def present(self) -> tuple[int, ...]:
-        """The indices of the accumulated variables the loss has a gradient for, as the last
-        traced micro-batch found them (``rule.present_of``): a window is applied to these
-        only, as ``optimizer.apply`` skips a ``None`` gradient."""
-        return self._present.value
-
-    @present.setter
-    def present(self, indices: Sequence[int]) -> None:
-        self._present = _Untracked(tuple(indices))
-
     def _pieces_checked(self) -> tuple:
         """``(Window, Counters, Stop)`` of a built state."""
         self._check_built()
@@ -234,7 +220,7 @@ class AccumulationState(tf.Module):
             self._unsaved = _Untracked(unsaved)  # untracked: in no checkpoint
         self._variables = _Untracked(tuple(variables))  # the model's: not the state's to save
         self._pieces = _Untracked(pieces(self, self._unsaved.value))
-        self.present = range(len(variables))
+        self._present = _Untracked(tuple(range(len(variables))))
         return True
 
     def build_undivided(self) -> None:
@@ -333,7 +319,7 @@ class AccumulationState(tf.Module):
             self.build_undivided()
         window, counters, _ = self._pieces_checked()
         rule.check_gradients(grads, self.accumulators)
-        self.present = rule.present_of(grads)
+        self._present = _Untracked(rule.present_of(grads))
         return window, counters, self.plan(optimizer)
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence,
@@ -350,7 +336,7 @@ class AccumulationState(tf.Module):
         window, counters, plan = self._checked(grads, optimizer, undivided)
         plan.replicas.require_replica_context()
         return rule.step(window, counters, plan, optimizer, list(self._variables.value),
-                         self.present, grads, weight, samples, undivided)
+                         self._present.value, grads, weight, samples, undivided)
 
     def one_window(self, optimizer, variables: Sequence, batch: tuple, size: int,
                    contribute: Callable) -> tuple:
@@ -405,7 +391,7 @@ class AccumulationState(tf.Module):
                 optimizer.build(list(variables))
         if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
-        plan, present = self.plan(optimizer), self.present
+        plan, present = self.plan(optimizer), self._present.value
         key = (id(optimizer), present, *map(id, self._variables.value))
         return rule.close_window(window, counters, plan, optimizer, list(self._variables.value),
                                  present, force=True, key=key)
