@@ -66,8 +66,9 @@ def as_dataset(x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuff
                     isinstance(value, int)) else ""
                 raise ValueError(
                     f"`{name}` must not be given with a dataset{hint}: the dataset yields "
-                    "micro-batches of `(x, y)` or `(x, y, sample_weight)`; batch it with "
-                    "`dataset.batch(b)`, as for `model.fit`."
+                    "batches of `(x, y)` or `(x, y, sample_weight)`; batch it with "
+                    "`dataset.batch(n)`, as for `model.fit` (n: the micro-batch b with "
+                    "`accum_steps`, the recipe's batch B with `micro_batch_size`)."
                 )
         return x
     leaves = [t for t in tf.nest.flatten(x) if t is not None]
