@@ -100,6 +100,26 @@ def loops_ragged() -> dict:
 
 
 @case
+def trainer_split() -> dict:
+    """``AccumTrainer(micro_batch_size=3)``: batches of B = 10 over 2 replicas (5 + 5, each
+    replica splitting its share 3 + 2), the last batch of 6 (3 + 3): one update per batch, in
+    every mode."""
+    x, y = make_data(36)
+    initial, ref = reference_weights(adam, x, y, None, 10, 1)
+    out = {}
+    strategy = mirrored()
+    for mode in ("eager", "function", "graph"):
+        with strategy.scope():
+            model = small_mlp()
+            trainer = ac.AccumTrainer(model, adam(), LOSS, micro_batch_size=3)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(10)
+        history = trainer.fit(ds, epochs=1, mode=mode, verbose=0)
+        out[mode] = {"rel": relative_error(get_weights(model), ref, initial),
+                     "counters": history.counters, "updates": history.updates}
+    return out
+
+
+@case
 def fit_ragged() -> dict:
     """AccumModel.fit: micro-batch 6 (3 + 3); the last micro-batch of 3 is ragged (2 + 1)."""
     x, y = make_data(39)

@@ -353,6 +353,58 @@ def test_convert_batchnorm_rejects_what_it_cannot_convert():
         ac.convert_batchnorm(keras.layers.Dense(2))
 
 
+def _stock_bn_warnings(record) -> list[str]:
+    return [str(w.message) for w in record if "convert_batchnorm" in str(w.message)]
+
+
+@pytest.mark.parametrize("way", ["micro_batch_size", "accum_steps"])
+def test_stock_batchnorm_warns_in_both_modes_and_the_stats_gap_is_measured(way, images):
+    """Stock BN updates its moving statistics once per micro-batch in either mode: the warning
+    names the setting and ``convert_batchnorm`` (before: never in split mode, which read
+    ``accum_steps``, 1 there). lr = 0: the gap to large-batch BN (windows of 24, 16) is the
+    moving statistics' alone, measured ~1 in both modes; converted, it is float32
+    round-off (``STATS_TOL``)."""
+    x, y = images
+    ref, stats0, _ = reference(x, y, micro=8, k=3, lr=0.0)
+    how = {way: 8 if way == "micro_batch_size" else 3}
+    batch_size = 24 if way == "micro_batch_size" else 8
+    stock = ac.accumulate(bn_net(keras.layers.BatchNormalization), **how)
+    stock.compile(keras.optimizers.SGD(0.0), LOSS)
+    with pytest.warns(UserWarning, match=f"{way}=[38].*convert_batchnorm") as record:
+        stock.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
+    assert len(_stock_bn_warnings(record)) == 1
+    gap = statistics_gap(moving_statistics(stock), moving_statistics(ref), stats0)
+    assert gap > 0.5  # measured ~1: K updates per window, each from one micro-batch
+    converted = ac.convert_batchnorm(stock)
+    assert converted.accumulation.settings == stock.accumulation.settings
+    converted.compile(keras.optimizers.SGD(0.0), LOSS)
+    converted.set_weights(bn_net(keras.layers.BatchNormalization).get_weights())
+    converted.fit(x, y, batch_size=batch_size, shuffle=False, verbose=0)
+    gap = statistics_gap(moving_statistics(converted), moving_statistics(ref), stats0)
+    assert gap <= STATS_TOL
+
+
+def test_convert_batchnorm_copies_every_setting():
+    """An ``AccumModel`` (compiled or not) and an ``accumulate`` d model keep every field of
+    their settings (before: four hand-listed ones, so ``micro_batch_size=16`` became
+    ``None``)."""
+    given = dict(micro_batch_size=16, end_of_epoch="drop", nonfinite="skip_window",
+                 normalizer="samples")
+    for compiled in (False, True):
+        model = bn_net(keras.layers.BatchNormalization, model_cls=ac.AccumModel, **given)
+        if compiled:
+            model.compile(keras.optimizers.SGD(0.1), LOSS)
+        converted = ac.convert_batchnorm(model)
+        assert isinstance(converted, ac.AccumModel)
+        assert converted.accumulation.settings == model.accumulation.settings
+        assert converted.micro_batch_size == 16
+    plain = ac.accumulate(bn_net(keras.layers.BatchNormalization), accum_steps=3,
+                          nonfinite="skip_micro_batch")
+    converted = ac.convert_batchnorm(plain)
+    assert converted.accumulation.settings == plain.accumulation.settings
+    assert converted.accumulation.accum_steps == 3
+
+
 def _all_layers(model):
     for layer in model.layers:
         yield layer

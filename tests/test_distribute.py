@@ -38,6 +38,16 @@ def test_loops_match_large_batch_with_ragged_shards(results: dict, mode: str) ->
     assert out["counters"]["micro_step"] == 0 and out["counters"]["window_samples"] == 0
 
 
+@pytest.mark.parametrize("mode", ["eager", "function", "graph"])
+def test_trainer_split_matches_large_batch_on_two_replicas(results: dict, mode: str) -> None:
+    out = case_result(results, "trainer_split")[mode]
+    assert out["rel"] <= REL_TOL, out
+    assert out["updates"] == [4]  # batches of 10, 10, 10, 6: one update each
+    # each replica cuts its share: 3 + 2 per batch of 10, 3 for the last of 6
+    assert out["counters"]["micro_batches_seen"] == 2 * 3 + 1
+    assert out["counters"]["samples_seen"] == 36
+
+
 def test_fit_matches_large_batch(results: dict) -> None:
     out = case_result(results, "fit_ragged")
     assert out["rel"] <= REL_TOL, out

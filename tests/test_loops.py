@@ -54,8 +54,9 @@ def test_window_step_does_not_retrace_for_a_ragged_last_batch(data):
 
 
 def test_effective_batch_size_sets_k(data):
-    trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS,
-                              effective_batch_size=64, micro_batch_size=16)
+    with pytest.warns(FutureWarning, match="old form"):  # says the new calls
+        trainer = ac.AccumTrainer(small_mlp(), OPTIMIZERS["sgd"](), LOSS,
+                                  effective_batch_size=64, micro_batch_size=16)
     assert trainer.accum_steps == 4
     assert ac.resolve_accum_steps(effective_batch_size=100, micro_batch_size=16,
                                   exact=False) == 7

@@ -21,12 +21,20 @@ micro-batch above a limit, which reaches the caller as ``tf.errors.ResourceExhau
 from __future__ import annotations
 
 import logging
+import warnings
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import LOSS, assert_matches_reference, make_data, reference_weights, small_mlp
+from helpers import (
+    LOSS,
+    assert_matches_reference,
+    get_weights,
+    make_data,
+    reference_weights,
+    small_mlp,
+)
 
 import accumcore as ac
 
@@ -273,3 +281,225 @@ def test_a_fixed_micro_batch_that_runs_out_of_memory_names_auto(data, limit):
     model = _split_model(micro=6, make_model=_limited_mlp)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="micro_batch_size='auto'"):
         model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+
+# ---------------------------------------------------------------------- static shapes of the slices
+@keras.saving.register_keras_serializable(package="accumcore_tests")
+class _LastDimScale(keras.layers.Layer):
+    """Multiplies by a ramp as long as the input's last dimension, read from the static shape
+    in ``call`` (``None`` there fails: ``arange(None)``)."""
+
+    def call(self, x):
+        return x * keras.ops.arange(1, x.shape[-1] + 1, dtype=x.dtype) / x.shape[-1]
+
+
+def _shape_model(seed: int = 0) -> keras.Model:
+    """Dict input: ``image`` (4, 4, 1) through Conv2D, ``Reshape`` and :class:`_LastDimScale`,
+    ``tokens`` (5,) through an ``Embedding`` (a matrix, dense gradients); 10 softmax classes,
+    for integer labels of shape ``(N, 1)`` (Keras squeezes them from their static shape)."""
+    keras.utils.set_random_seed(seed)
+    image = keras.Input((4, 4, 1), name="image")
+    tokens = keras.Input((5,), dtype="int32", name="tokens")
+    h = keras.layers.Conv2D(3, 3)(image)  # (2, 2, 3)
+    h = _LastDimScale()(keras.layers.Reshape((12,))(h))
+    e = keras.layers.Flatten()(keras.layers.Embedding(7, 2)(tokens))
+    h = keras.layers.Concatenate()([h, e])
+    return keras.Model({"image": image, "tokens": tokens},
+                       keras.layers.Dense(10, activation="softmax")(h))
+
+
+def _shape_data(n: int = 40):
+    rng = np.random.default_rng(3)
+    x = {"image": rng.normal(size=(n, 4, 4, 1)).astype("float32"),
+         "tokens": rng.integers(0, 7, size=(n, 5)).astype("int32")}
+    y = rng.integers(0, 10, size=(n, 1)).astype("int32")
+    sw = rng.uniform(0.5, 2.0, size=(n, 1)).astype("float32")
+    return x, y, sw
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("way", ["micro_batch_size", "accum_steps"])
+def test_every_slice_keeps_the_static_shape_of_every_non_batch_dimension(way, jit):
+    """``(N, 1)`` integer labels with sparse categorical cross-entropy, ``Reshape``, a layer
+    that reads ``shape[-1]``, dict inputs with an ``Embedding``, ``(N, 1)`` sample weights:
+    each needs the inner dimensions static in every micro-batch (before: Keras raised "Argument
+    `output` must have rank (ndim) `target.ndim - 1`" on the split's labels). The update
+    equals plain Keras at B = 16 (batches 16, 16, 8) from the same initial weights, within
+    ``REL_TOL`` (measured ~8e-7: float32 re-association). SGD: plain Keras's Adam updates the
+    Embedding's sparse gradient (repeated rows) differently from the same gradient dense
+    (rel 0.4 here; tests/helpers.py ``dense_reference``), SGD's scatter-add does not."""
+    x, y, sw = _shape_data()
+    plain = _shape_model()
+    initial = get_weights(plain)
+    plain.compile(keras.optimizers.SGD(0.1), LOSS)
+    for s in _batches(40, B):
+        plain.train_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s])
+    model = _shape_model()
+    model.compile(keras.optimizers.SGD(0.1), LOSS, jit_compile=jit)
+    if way == "micro_batch_size":  # B = 16 split 6 + 6 + 4, the last batch 6 + 2
+        ac.accumulate(model, micro_batch_size=b)
+        model.fit(x, y, sample_weight=sw, batch_size=B, shuffle=False, verbose=0)
+    else:  # K = 4 micro-batches of 4
+        ac.accumulate(model, accum_steps=4)
+        model.fit(x, y, sample_weight=sw, batch_size=4, shuffle=False, verbose=0)
+    assert_matches_reference(model, initial, get_weights(plain))
+    assert int(model.optimizer.iterations.numpy()) == 3
+
+
+# ---------------------------------------------------------------------- batches never larger than b
+def _nothing_split(record) -> list[str]:
+    return [str(w.message) for w in record if "nothing is split" in str(w.message)]
+
+
+def test_batches_never_larger_than_b_warn_once_naming_batch_size_and_accum_steps(data):
+    """The micro-step habit (``batch_size`` = b) trains updates of b with no accumulation: one
+    warning per ``fit`` names ``batch_size=B`` and the ``accum_steps`` call of the object held.
+    Not for batches larger than b whose last one is not (B = 16, b = 8: 16, 16, 8), nor for
+    ``"auto"`` (which reports its b) or ``accum_steps``."""
+    x, y = data
+
+    def fit_record(model, *args, **kwargs):
+        model.compile(adam(), LOSS)
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            model.fit(*args, shuffle=False, verbose=0, **kwargs)
+        return _nothing_split(record)
+
+    found = fit_record(ac.accumulate(small_mlp(), micro_batch_size=16), x, y, batch_size=16,
+                       epochs=2)
+    assert len(found) == 1 and "batch_size=64" in found[0]
+    assert "`accumcore.accumulate(model, accum_steps=K)`" in found[0]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(b)  # batch dimension unknown
+    found = fit_record(small_mlp(model_cls=ac.AccumModel, micro_batch_size=b), ds)
+    assert len(found) == 1 and "`model.set_accumulation(accum_steps=K)`" in found[0]
+    assert not fit_record(ac.accumulate(small_mlp(), micro_batch_size=8), x, y, batch_size=16)
+    assert not fit_record(ac.accumulate(small_mlp(), micro_batch_size="auto"), x, y,
+                          batch_size=16)
+    assert not fit_record(ac.accumulate(small_mlp(), accum_steps=2), x, y, batch_size=8)
+
+
+# ---------------------------------------------------------------------- one split everywhere
+class _SizeRecorder(keras.layers.Layer):
+    """Identity that records the samples of every batch it runs on (a ``tf.py_function``:
+    eager, not under XLA)."""
+
+    SIZES: list[int] = []
+
+    def call(self, x):
+        def record(t):
+            self.SIZES.append(int(t.shape[0]))
+            return t
+
+        out = tf.py_function(record, [x], x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+
+def _recording_mlp(model_cls=keras.Model, **kwargs) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((8,))
+    hidden = _SizeRecorder()(keras.layers.Dense(16, activation="tanh")(inputs))
+    return model_cls(inputs, keras.layers.Dense(3, activation="softmax")(hidden), **kwargs)
+
+
+ENTRY_POINTS = ("accumulate", "AccumModel", "eager", "function", "graph", "window_step")
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_cuts_a_batch_of_100_at_b_32_the_same_way(entry):
+    """``micro_batch_size=32`` and a batch of B = 100: 32 + 32 + 32 + 4 at every entry point
+    (before: ``window_step`` cut 25 x 4 and ``AccumTrainer``'s b meant K = B / b), one update,
+    equal to plain Keras on the 100 samples within ``REL_TOL``."""
+    x, y = make_data(100)
+    initial, ref = reference_weights(adam, x, y, None, windows=[slice(0, 100)],
+                                     make_model=_recording_mlp)
+    _SizeRecorder.SIZES = []
+    optimizer = adam()
+    if entry in ("accumulate", "AccumModel"):
+        model = (ac.accumulate(_recording_mlp(), micro_batch_size=32) if entry == "accumulate"
+                 else _recording_mlp(ac.AccumModel, micro_batch_size=32))
+        model.compile(optimizer, LOSS)
+        model.fit(x, y, batch_size=100, shuffle=False, verbose=0)
+    else:
+        model = _recording_mlp()
+        trainer = ac.AccumTrainer(model, optimizer, LOSS, micro_batch_size=32)
+        if entry == "window_step":
+            trainer.window_step(x, y)
+        else:
+            trainer.fit(x, y, batch_size=100, shuffle=False, mode=entry, verbose=0)
+    # (the rest's pass does not wait for the loop's in a graph: the order may differ)
+    assert sorted(_SizeRecorder.SIZES) == [4, 32, 32, 32]
+    assert int(optimizer.iterations.numpy()) == 1
+    assert_matches_reference(model, initial, ref)
+
+
+def _trainer_equivalence(way: str, entry: str, jit: bool) -> None:
+    x, y, sw = _shape_data()
+    plain = _shape_model()
+    initial = get_weights(plain)
+    plain.compile(keras.optimizers.SGD(0.1), LOSS)
+    for s in _batches(40, B):
+        plain.train_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s])
+    model = _shape_model()
+    how = dict(micro_batch_size=b) if way == "micro_batch_size" else dict(accum_steps=4)
+    trainer = ac.AccumTrainer(model, keras.optimizers.SGD(0.1), LOSS, jit_compile=jit, **how)
+    if entry == "window_step":  # batches of 16, 16, 8: cut by b, or by ceil(n / K)
+        for s in _batches(40, B):
+            trainer.window_step({k: v[s] for k, v in x.items()}, y[s], sw[s])
+    else:
+        trainer.fit(x, y, sample_weight=sw, batch_size=B if way == "micro_batch_size" else 4,
+                    shuffle=False, mode=entry, verbose=0)
+    assert_matches_reference(model, initial, get_weights(plain))
+    assert int(trainer.optimizer.iterations.numpy()) == 3
+
+
+@pytest.mark.parametrize("entry,jit", [("eager", False), ("function", True),
+                                       ("graph", False), ("window_step", False),
+                                       ("window_step", True)])
+@pytest.mark.parametrize("way", ["micro_batch_size", "accum_steps"])
+def test_accum_trainer_means_what_accumulate_means(way, entry, jit):
+    """``AccumTrainer(micro_batch_size=b)``: each batch given is B, split (16: 6 + 6 + 4, the
+    last 8: 6 + 2); ``accum_steps=K``: each batch a micro-batch. The static-shape model
+    (``(N, 1)`` labels, ``Reshape``, ``shape[-1]``, an ``Embedding``, ``(N, 1)`` sample
+    weights) equals plain Keras at B = 16 within ``REL_TOL`` (SGD: see the static-shape
+    test); ``window_step`` under XLA on the ragged last batch included."""
+    _trainer_equivalence(way, entry, jit)
+
+
+def test_accum_trainer_checks_what_every_entry_point_checks(data):
+    """The same checks as ``accumulate``: both ways refused (before: ``accum_steps=4,
+    micro_batch_size=16`` trained), 0 refused (before: 0 became 32), the old form warns
+    naming the new calls and keeps its meaning (K = B / b, batches of b)."""
+    with pytest.raises(ValueError, match="`accum_steps` or `micro_batch_size`, not both"):
+        ac.AccumTrainer(small_mlp(), adam(), LOSS, accum_steps=4, micro_batch_size=16)
+    for bad in (0, -1, 2.0):
+        with pytest.raises(ValueError, match=r"`micro_batch_size` must be a positive int"):
+            ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=bad)
+    with pytest.raises(ValueError, match="accumcore.accumulate"):
+        ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size="auto")
+    with pytest.raises(TypeError, match="micro_batch_size=b"):
+        ac.AccumTrainer(small_mlp(), adam(), LOSS)
+    with pytest.warns(FutureWarning, match=r"micro_batch_size=16\).*batch_size=64.*"
+                                           r"accum_steps=4"):
+        old = ac.AccumTrainer(small_mlp(), adam(), LOSS, effective_batch_size=64,
+                              micro_batch_size=16)
+    assert (old.accum_steps, old.micro_batch_size) == (4, None)
+    x, y = data
+    assert old.fit(x, y, verbose=0).micro_weights == [16.0, 16.0, 8.0]
+
+
+def test_accum_trainer_batches_never_larger_than_b_warn_once(data):
+    x, y = data
+    trainer = ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=16)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer.fit(x, y, batch_size=16, epochs=2, verbose=0)
+        trainer.window_step(x[:16], y[:16])
+        trainer.window_step(x[:16], y[:16])
+    found = _nothing_split(record)
+    assert len(found) == 2 and "`AccumTrainer(..., accum_steps=K)`" in found[0]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=8).fit(
+            x, y, batch_size=16, verbose=0)  # 16, 16 and 8: the last is not split
+    assert not _nothing_split(record)

@@ -37,6 +37,61 @@ def test_optimizer_apply_has_one_call_site_in_the_rule() -> None:
     assert len(sites) == 1 and sites[0].startswith("rule.py:"), sites  # accumcore/_impl/
 
 
+def test_the_rule_never_takes_the_state() -> None:
+    """Calls go one way, entry point -> state -> rule: no function of the rule has a
+    parameter named ``state`` (it takes the window, the counters and the plan)."""
+    tree = ast.parse((PACKAGE / "_impl" / "rule.py").read_text())
+    takes = [node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+             and any(a.arg == "state" for a in node.args.args + node.args.kwonlyargs)]
+    assert not takes, takes
+
+
+def _chain(entry: str, how: dict, batch_size: int) -> list[str]:
+    """The library modules on the stack from the entry point's step to ``optimizer.apply``
+    and to the accumulation of a gradient, in call order (one entry per frame)."""
+    import traceback
+
+    from accumcore._impl import rule
+
+    chains: dict[str, list[str]] = {}
+    starts = ("train_step", "_micro_step", "_split_batch")
+
+    def record(name: str) -> None:
+        stack = traceback.extract_stack()[:-2]
+        first = max(i for i, f in enumerate(stack) if f.name in starts)
+        chains.setdefault(name, [Path(f.filename).name for f in stack[first:]
+                                 if str(PACKAGE) in f.filename])
+
+    x, y = np.zeros((8, 8), "float32"), np.zeros(8, "int32")
+    optimizer = keras.optimizers.SGD(0.1)
+    apply, add_gradient = optimizer.apply, rule.add_gradient
+    optimizer.apply = lambda *a, **k: record("apply") or apply(*a, **k)
+    rule.add_gradient = lambda *a, **k: record("add") or add_gradient(*a, **k)
+    try:
+        if entry == "fit":
+            model = ac.accumulate(small_mlp(), **how)
+            model.compile(optimizer, LOSS)
+            model.fit(x, y, batch_size=batch_size, verbose=0)
+        else:
+            trainer = ac.AccumTrainer(small_mlp(), optimizer, LOSS, **how)
+            trainer.train_micro_batch(x, y)  # eager: the Python stack is the library's
+    finally:
+        rule.add_gradient = add_gradient
+    return [chains["apply"], chains["add"]]
+
+
+@pytest.mark.parametrize("entry", ["fit", "trainer"])
+@pytest.mark.parametrize("how", [dict(micro_batch_size=4), dict(accum_steps=1)])
+def test_no_module_is_entered_twice_on_the_way_to_the_update(entry, how) -> None:
+    """Issue 47: the split path went rule -> state -> rule (12 frames, 4 modules, 7 module
+    crossings from ``train_step`` to ``optimizer.apply``); now entry point -> state -> rule,
+    with one replica (2 crossings), both to ``optimizer.apply`` and to a gradient's add."""
+    for modules in _chain(entry, how, batch_size=8):
+        runs = [m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m]
+        assert len(runs) == len(set(runs)) == 3, modules
+        assert runs[1:] == ["state.py", "rule.py"], modules
+
+
 def test_no_library_function_is_over_60_lines() -> None:
     """A function that does not fit on a screen does more than one thing."""
     long = [f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"

@@ -347,8 +347,9 @@ def test_fit_takes_arrays_like_model_fit(mode, data):
 
 def test_fit_arrays_default_batch_size_is_the_micro_batch_size(data):
     x, y = data
-    trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, effective_batch_size=24,
-                              micro_batch_size=8)
+    with pytest.warns(FutureWarning, match="old form"):  # the old form keeps its meaning
+        trainer = ac.AccumTrainer(small_mlp(), _adam(), LOSS, effective_batch_size=24,
+                                  micro_batch_size=8)
     history = trainer.fit(x, y, verbose=0)
     assert history.micro_weights == [8.0] * 5
     with pytest.raises(ValueError, match="`batch_size`=16 contradicts"):

@@ -397,21 +397,25 @@ def window_layers(model: keras.layers.Layer) -> list[WindowBatchNormalization]:
 _WARNED_STOCK_BN: weakref.WeakSet = weakref.WeakSet()
 
 
-def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
-    """Warn (``UserWarning``, once per model) if ``model`` has stock BatchNormalization layers.
+def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int = 1, *,
+                         micro_batch_size: int | str | None = None) -> bool:
+    """Warn (``UserWarning``, once per model) if ``model`` has stock BatchNormalization layers
+    and its updates are made of several micro-batches: ``accum_steps`` K > 1, or
+    ``micro_batch_size`` b given (each batch of B split into ``ceil(B / b)`` micro-batches).
 
-    Under accumulation (``accum_steps`` K > 1) a stock layer updates its moving mean and
-    variance K times per optimizer update, each from one micro-batch, so they differ from what
-    large-batch training gives (the tests measure a gap of the order of the update itself).
-    Converting automatically would change the user's model (its class, its saved file) behind
-    their back, so accumcore warns and names the fix, :func:`~accumcore.convert_batchnorm`.
-    Frozen layers (``trainable=False``) are not counted: they run in inference mode and never
-    update their moving statistics, so accumulation does not affect them.
+    Under accumulation a stock layer updates its moving mean and variance once per
+    micro-batch, so several times per optimizer update, each from one micro-batch: they differ
+    from what large-batch training gives (the tests measure a gap of the order of the update
+    itself). Converting automatically would change the user's model (its class, its saved
+    file) behind their back, so accumcore warns and names the fix,
+    :func:`~accumcore.convert_batchnorm`. Frozen layers (``trainable=False``) are not counted:
+    they run in inference mode and never update their moving statistics.
 
     Returns:
-        Whether it warned (False for K = 1, no stock layer, or a model already warned about).
+        Whether it warned (False for one micro-batch per update, no stock layer, or a model
+        already warned about).
     """
-    if accum_steps <= 1:
+    if micro_batch_size is None and accum_steps <= 1:
         return False
     try:
         if model in _WARNED_STOCK_BN:
@@ -425,13 +429,18 @@ def warn_stock_batchnorm(model: keras.layers.Layer, accum_steps: int) -> bool:
     if not layers:
         return False
     names = ", ".join(repr(layer.name) for layer in layers)
+    how = (f"accum_steps={accum_steps}) each updates its moving mean and variance "
+           f"{accum_steps} times per optimizer update" if micro_batch_size is None else
+           f"micro_batch_size={micro_batch_size!r}: each batch of B split into micro-batches) "
+           "each updates its moving mean and variance once per micro-batch, ceil(B / b) times "
+           "per optimizer update")
     warnings.warn(
         f"Model {model.name!r} has {len(layers)} stock keras.layers.BatchNormalization "
-        f"layer(s) ({names}): under gradient accumulation (accum_steps={accum_steps}) each "
-        f"updates its moving mean and variance {accum_steps} times per optimizer update, from "
-        "micro-batches, so they differ from large-batch training. Convert the model with "
-        "`model = accumcore.convert_batchnorm(model)` (weights kept), or build it with "
-        "accumcore.WindowBatchNormalization, to update them once per window.",
+        f"layer(s) ({names}): under gradient accumulation ({how}, from micro-batches, so "
+        "they differ from large-batch training. Convert the model with "
+        "`model = accumcore.convert_batchnorm(model)` (weights and accumulation settings "
+        "kept), or build it with accumcore.WindowBatchNormalization, to update them once "
+        "per window.",
         UserWarning,
         stacklevel=4,
     )
@@ -448,13 +457,16 @@ def attach_window_layers(model: keras.layers.Layer, state) -> int:
     ``AccumulationState.prepare`` calls this (for ``AccumModel`` and
     ``AccumTrainer``); call it yourself only for a hand-written loop around
     :class:`~accumcore.AccumulationState`. It also warns,
-    once per model, about stock ``BatchNormalization`` layers when ``state.accum_steps > 1``
+    once per model, about stock ``BatchNormalization`` layers when an update is made of
+    several micro-batches: ``accum_steps > 1`` or ``micro_batch_size`` set
     (:func:`warn_stock_batchnorm`).
 
     Returns:
         The number of window-level BN layers found.
     """
-    warn_stock_batchnorm(model, int(getattr(state, "accum_steps", 1) or 1))
+    given = getattr(state, "settings", None)
+    warn_stock_batchnorm(model, int(getattr(given, "accum_steps", 1) or 1),
+                         micro_batch_size=getattr(given, "micro_batch_size", None))
     layers = window_layers(model)
     for layer in layers:
         layer.attach(state)
@@ -467,8 +479,9 @@ def convert_batchnorm(model: keras.Model) -> keras.Model:
     Every layer whose type is exactly ``keras.layers.BatchNormalization`` becomes a
     :class:`WindowBatchNormalization` with the same config (nested Functional / Sequential
     models included); all weights are copied, so inference outputs are unchanged. An
-    ``AccumModel`` stays an ``AccumModel`` with the same accumulation settings (the pending
-    window of the original, if any, is not copied); a compiled model is re-compiled from its
+    ``AccumModel`` stays an ``AccumModel`` and a model given to ``accumcore.accumulate`` is
+    given to it again, with the same accumulation settings, all of them (the pending window of
+    the original, if any, is not copied); a compiled model is re-compiled from its
     compile config (fresh optimizer state).
 
     Args:
@@ -505,9 +518,20 @@ def convert_batchnorm(model: keras.Model) -> keras.Model:
             "accumcore.WindowBatchNormalization in place of keras.layers.BatchNormalization."
         ) from err
     new.set_weights(model.get_weights())
-    if hasattr(model, "set_accumulation") and hasattr(new, "set_accumulation"):
-        new.set_accumulation(
-            accum_steps=model.accum_steps, end_of_epoch=model.end_of_epoch,
-            nonfinite=model.nonfinite, normalizer=model.normalizer,
-        )
+    copy_accumulation(model, new)
     return new
+
+
+def copy_accumulation(model: keras.Model, new: keras.Model) -> None:
+    """Give ``new`` (a rebuilt ``model``: a clone) ``model``'s accumulation settings, whole
+    (every field of ``accumcore._impl.settings.Settings``): an ``AccumModel`` keeps them, a
+    model given to ``accumcore.accumulate`` is given to it again. No-op for a model that
+    does not accumulate."""
+    from accumcore._impl import fitting  # fitting -> state -> batchnorm: imported late
+
+    if not fitting.is_accumulating(model):
+        return
+    if not fitting.is_accumulating(new):
+        fitting.accumulate(new, accum_steps=1)  # its settings replaced whole below
+    new.accumulation.settings = model.accumulation.settings
+    new.train_function = None

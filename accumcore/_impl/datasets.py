@@ -54,9 +54,10 @@ def array_dataset(arrays: tuple, batch_size: int, shuffle: bool) -> tf.data.Data
 
 
 def as_dataset(x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: Any, *,
-               micro_batch_size: int | None = None) -> tf.data.Dataset:
-    """``fit``'s input as a dataset of micro-batches: a dataset as it is, arrays batched (as
-    ``model.fit`` does; ``micro_batch_size``: the trainer's, the default ``batch_size``)."""
+               fixed_batch_size: int | None = None) -> tf.data.Dataset:
+    """``fit``'s input as a dataset of batches: a dataset as it is, arrays batched by
+    ``batch_size`` (default 32, as ``model.fit``; ``fixed_batch_size``: the only size
+    allowed, and the default: the trainer's old form, whose K was computed from it)."""
     if isinstance(x, tf.data.Dataset):
         for name, value in (("y", y), ("sample_weight", sample_weight),
                             ("batch_size", batch_size)):
@@ -65,8 +66,9 @@ def as_dataset(x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuff
                     isinstance(value, int)) else ""
                 raise ValueError(
                     f"`{name}` must not be given with a dataset{hint}: the dataset yields "
-                    "micro-batches of `(x, y)` or `(x, y, sample_weight)`; batch it with "
-                    "`dataset.batch(b)`, as for `model.fit`."
+                    "batches of `(x, y)` or `(x, y, sample_weight)`; batch it with "
+                    "`dataset.batch(n)`, as for `model.fit` (n: the micro-batch b with "
+                    "`accum_steps`, the recipe's batch B with `micro_batch_size`)."
                 )
         return x
     leaves = [t for t in tf.nest.flatten(x) if t is not None]
@@ -80,11 +82,11 @@ def as_dataset(x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuff
     if y is None and sample_weight is not None:
         raise ValueError("`sample_weight` needs `y`: pass `fit(x, y, sample_weight=...)`.")
     if batch_size is None:
-        batch_size = micro_batch_size or 32  # Keras's default batch size
-    elif micro_batch_size is not None and batch_size != micro_batch_size:
+        batch_size = 32 if fixed_batch_size is None else fixed_batch_size  # Keras's default
+    elif fixed_batch_size is not None and batch_size != fixed_batch_size:
         raise ValueError(
             f"`batch_size`={batch_size} contradicts the trainer's "
-            f"`micro_batch_size`={micro_batch_size} (K = effective_batch_size / "
+            f"`micro_batch_size`={fixed_batch_size} (K = effective_batch_size / "
             "micro_batch_size was computed from it): leave `batch_size` unset."
         )
     batch_size = check_positive_int(batch_size, "batch_size")

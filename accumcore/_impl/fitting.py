@@ -32,14 +32,14 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import compat, rule, settings
+from accumcore._impl import compat, settings
 from accumcore._impl.auto_micro_batch import OUT_OF_MEMORY, retrying_train_function
 from accumcore._impl.denominators import counted, resolve_normalizer, uncounted
 from accumcore._impl.gradients import first_leaf, summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
 from accumcore._impl.nonfinite import NonFinitePolicy
 from accumcore._impl.settings import AUTO, check_optimizer, warn_if_float16_without_loss_scaling
-from accumcore._impl.state import AccumulationState, saved_micro_step
+from accumcore._impl.state import AccumulationState, saved_micro_step, take
 
 #: The call that applies a pending window of a model trained by ``fit`` (an ``AccumModel`` or
 #: an ``accumulate`` d model): the one every message of the fit side names.
@@ -89,6 +89,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
         self._state = state
         self._epoch = 0
         self._saw_batch: bool | None = None  # a training batch ran in the current epoch
+        # (micro-batches seen, windows) before the first batch, while it is to be checked
+        self._split_from: tuple[int, int] | None = None
 
     @property
     def state(self) -> AccumulationState:
@@ -103,9 +105,23 @@ class WindowFlushCallback(keras.callbacks.Callback):
         return state
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        state = self.state
         # A NonFiniteGradientError stopped the previous fit: clear the stop (logged).
-        if self.state.built:
-            self.state.clear_nonfinite()
+        if state.built:
+            state.clear_nonfinite()
+        self._split_from = None
+        if isinstance(state.settings.micro_batch_size, int):  # checked after the first call
+            self._split_from = _split_counts(state) if state.built else (0, 0)
+
+    def _check_split(self) -> None:
+        """Once per ``fit``, after its first call of the train function (one host read):
+        warn if no batch was split (``settings.warn_if_nothing_split``)."""
+        start, self._split_from = self._split_from, None
+        seen, windows = _split_counts(self.state)
+        settings.warn_if_nothing_split(
+            self.state.settings.micro_batch_size, seen - start[0], windows - start[1],
+            "`model.set_accumulation(accum_steps=K)`" if hasattr(self.model, "set_accumulation")
+            else "`accumcore.accumulate(model, accum_steps=K)`")
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._epoch = epoch
@@ -114,6 +130,8 @@ class WindowFlushCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         # No non-finite check here (a host read): a stopped state discards every later window.
         self._saw_batch = True
+        if self._split_from is not None and self.state.built:
+            self._check_split()
 
     def _raise_if_nonfinite(self) -> None:
         self.state.raise_if_nonfinite(self._epoch)
@@ -139,6 +157,13 @@ class WindowFlushCallback(keras.callbacks.Callback):
     def on_train_end(self, logs: dict | None = None) -> None:
         # Training stopped inside an epoch (e.g. `model.stop_training` set by a callback).
         self._raise_if_nonfinite()
+
+
+def _split_counts(state: AccumulationState) -> tuple[int, int]:
+    """``(micro-batches seen, windows closed)`` of a built state (a host read)."""
+    with tf.init_scope():
+        return (int(state.micro_batches_seen.numpy()),
+                int(state.windows_applied.numpy()) + int(state.windows_skipped.numpy()))
 
 
 # ---------------------------------------------------------------------- settings
@@ -505,8 +530,9 @@ def loss_tracker(model: keras.Model) -> keras.metrics.Mean | None:
 
 def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     """One train step: with ``micro_batch_size`` the whole batch, split into micro-batches
-    (``rule.one_window``: one update); else one micro-batch, whose gradient ``c_i * grad(L_i)``
-    goes into the window, which closes (one ``optimizer.apply``) on every K-th call. The
+    (``AccumulationState.one_window``: one update); else one micro-batch
+    (``AccumulationState.step``), whose gradient ``c_i * grad(L_i)`` goes into the window,
+    which closes (one ``optimizer.apply``) on every K-th call. The
     logged loss is the window-true mean (the tracker's total and count grow by ``c_i * L_i``
     and ``c_i`` per micro-batch)."""
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -518,15 +544,14 @@ def train_step(model: keras.Model, base: Callable, data: Any) -> dict:
     size = state.micro_batch_size
     if size is not None:
         n = tf.shape(first_leaf(x))[0]
-        rule.one_window(state, model.optimizer, model.trainable_variables,
-                        (x, y, sample_weight), size,
-                        functools.partial(_micro_batch, model,
-                                          micro_batches=(n + size - 1) // size))
+        state.one_window(model.optimizer, model.trainable_variables, (x, y, sample_weight),
+                         size, functools.partial(_micro_batch, model,
+                                                 micro_batches=(n + size - 1) // size))
         logs = model.get_metrics_result()
     else:
         out = _micro_batch(model, x, y, sample_weight)
-        rule.step(state, model.optimizer, model.trainable_variables, out.grads, out.weight,
-                  out.samples, out.undivided)
+        state.step(out.grads, out.weight, out.samples, model.optimizer,
+                   model.trainable_variables, out.undivided)
         logs = model.compute_metrics(x, y, out.y_pred, sample_weight=sample_weight)
     logs.update(state.nonfinite_policy.fit_logs(state))  # what the policy skipped
     if is_loss_scale_optimizer(model.optimizer):  # non-finite windows skipped (overflow)
@@ -576,7 +601,7 @@ def probe_step(model: keras.Model) -> Callable[[Any, int], float]:
 
     def probe(batch: Any, size: int) -> float:
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
-        return float(step(*rule.take((x, y, sample_weight), 0, size)))
+        return float(step(*take((x, y, sample_weight), 0, size)))
 
     return probe
 

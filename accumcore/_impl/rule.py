@@ -1,25 +1,26 @@
 """The window rule, whole: a micro-batch in, a window out.
 
-* :func:`step`: one micro-batch of any entry point: :func:`add`, then :func:`close_if_due`.
+* :func:`step`: one micro-batch of any entry point: :func:`add`, then :func:`close_window`.
 * :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
   window's accumulators and ``c_i`` to its weight ``W`` (and the gradient of its sums over
   samples beside a mean loss, ``U_i``, to the undivided accumulators).
-* :func:`close_if_due`: whether the window holds K micro-batches (any, for a flush), decided
-  where every replica can be read; if so :func:`close`.
+* :func:`close_window`: :func:`close_if_due` where every replica can be read; it closes
+  (:func:`close`) if the window holds K micro-batches (any, for a flush).
 * :func:`close`: the window's mean gradient ``sum_i c_i grad(L_i) / W + sum_i U_i``, the skip
   decision, one ``optimizer.apply`` (:func:`apply_update`, the library's only one) and
   :func:`end`.
 * :func:`end`: every window ends there, applied, skipped or dropped.
-* :func:`one_window`: one batch as one window: cut into micro-batches (:func:`micro_batches`),
-  each added, then closed once.
 
-Every special case (the non-finite policy, a ``LossScaleOptimizer``, the replicas, a summed
-loss) is resolved once per (state, optimizer) into a :class:`Plan` (:func:`plan`, cached by the
-state): these functions branch on no flag.
+Calls go one way: the entry points call the state (``accumcore._impl.state``), which checks a
+micro-batch's inputs once and calls these functions with the window, the counters and the
+plan, never the state. Every special case (the non-finite policy, a ``LossScaleOptimizer``, the
+replicas, a summed loss) is resolved once per (state, optimizer) into a :class:`Plan`
+(:func:`plan`, cached by the state): these functions branch on no flag.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,6 @@ from typing import Any
 import tensorflow as tf
 
 from accumcore._impl import loss_scaling
-from accumcore._impl.gradients import first_leaf
 from accumcore._impl.nonfinite import NonFinitePolicy, Stop, window_nonfinite
 
 
@@ -83,6 +83,10 @@ class Plan:
             optimizer update (whether it was applied).
         after_update: ``after_update(optimizer, applied)``, run after every closed window.
         replicas: where each step runs (``accumcore._impl.distribute``).
+        decide: ``decide(fn, key=None)``: ``fn()`` where every replica can be read (one
+            replica: called now).
+        on_replicas: ``on_replicas(update, sums)``: the update run on the replicas (one
+            replica: ``update(*sums)``).
         accum_steps: K, the micro-batches that make a window due.
         normalize: whether the window's sum is divided by ``W`` (``False``: a summed loss).
         hooks: the state's window hooks, ``hook(applied: bool)`` (window-level BatchNorm).
@@ -96,6 +100,8 @@ class Plan:
     update: Callable
     after_update: Callable
     replicas: Any
+    decide: Callable
+    on_replicas: Callable
     accum_steps: int
     normalize: bool
     hooks: Sequence
@@ -113,7 +119,10 @@ def plan(policy: NonFinitePolicy, optimizer, replicas, stop: Stop, *, accum_step
     (``accumcore._impl.loss_scaling``). Otherwise the policy decides (its ``admit``,
     ``judge_window``, ``stopped`` and ``on_skip``).
     """
-    common = dict(replicas=replicas, accum_steps=accum_steps, normalize=normalize, hooks=hooks)
+    distributed = replicas.distributed
+    common = dict(replicas=replicas, accum_steps=accum_steps, normalize=normalize, hooks=hooks,
+                  decide=replicas.decide if distributed else _now,
+                  on_replicas=replicas.on_replicas if distributed else _on_one_replica)
     if loss_scaling.is_loss_scale_optimizer(optimizer):
         if not replicas.distributed:
             return Plan(_admit_all, False, _no_check, _never, _nothing, apply_update, _nothing,
@@ -127,8 +136,10 @@ def plan(policy: NonFinitePolicy, optimizer, replicas, stop: Stop, *, accum_step
     def on_skip(bad, window, counters, present) -> None:
         policy.on_skip(stop, bad, window, counters, present)
 
-    return Plan(policy.admit, policy.condemns_window, policy.judge_window, stopped, on_skip,
-                apply_update, _nothing, **common)
+    # A policy that checks no micro-batch adds every one: the same as its own `admit`.
+    checks_none = policy.should_skip is None and type(policy).admit is NonFinitePolicy.admit
+    return Plan(_admit_all if checks_none else policy.admit, policy.condemns_window,
+                policy.judge_window, stopped, on_skip, apply_update, _nothing, **common)
 
 
 def present_of(grads: Sequence) -> tuple[int, ...]:
@@ -137,116 +148,36 @@ def present_of(grads: Sequence) -> tuple[int, ...]:
     return tuple(i for i, g in enumerate(grads) if g is not None)
 
 
-def step(state, optimizer, variables: Sequence, grads: Sequence, weight, samples,
+def step(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+         present: Sequence[int], grads: Sequence, weight, samples,
          undivided: Sequence | None = None) -> tf.Tensor:
-    """One micro-batch of any entry point on ``state`` (an ``AccumulationState``, built):
-    its inputs checked, :func:`add`, then :func:`close_if_due` where the replicas can be read
-    (replica context under a strategy; ``merge_call`` unconditionally).
+    """One micro-batch of any entry point, its inputs checked by the state: :func:`add`, then
+    :func:`close_if_due` where every replica can be read (the window closes if it holds K
+    micro-batches).
 
     Args:
         optimizer: the Keras optimizer the window is applied with.
-        variables: the model's trainable variables now (must be those accumulated).
+        variables: the variables the window is accumulated for (``present``: the indices of
+            those with a gradient).
         grads: gradients of the micro-batch's summed loss, one per variable (or ``None``).
         weight: ``c_i``, float scalar; samples: the micro-batch's samples, int scalar.
-        undivided: gradients of its sums over samples beside a mean loss (``None``: none;
-            ``AccumulationState.accumulate``).
+        undivided: gradients of its sums over samples beside a mean loss (``None``: none).
 
     Returns:
         bool scalar: whether an optimizer update was applied.
     """
-    if undivided is not None:
-        check_gradients(undivided, state.accumulators, "undivided")
-        state.build_undivided()
-    window, counters, _ = state.pieces
-    check_variables(state.variables_accumulated, variables)
-    check_gradients(grads, window.accumulators)
-    plan = state.plan(optimizer)
-    plan.replicas.require_replica_context()
-    present = state.present = present_of(grads)
     add(window, counters, plan, grads, tf.cast(weight, tf.float32), tf.cast(samples, tf.int64),
         undivided)
-    accumulated = list(state.variables_accumulated)
-    return plan.replicas.decide(lambda: close_if_due(
-        window, counters, plan, optimizer, accumulated, present, force=False))
+    return plan.decide(functools.partial(close_if_due, window, counters, plan, optimizer,
+                                         variables, present, force=False))
 
 
-def one_window(state, optimizer, variables: Sequence, batch: tuple, size: int,
-               contribute: Callable) -> tuple:
-    """One batch as one window, in one traced step: the batch cut into micro-batches of
-    ``size`` samples (the last may be smaller: :func:`micro_batches`), each added
-    (``state.accumulate``), then the window closed once (``state.apply_window``).
-
-    Args:
-        state: the ``AccumulationState`` (built, its window empty).
-        optimizer: the Keras optimizer the window is applied with.
-        variables: the model's trainable variables now (must be those accumulated).
-        batch: ``(x, y, sample_weight)`` of the whole batch (``y``, ``sample_weight`` may be
-            ``None``); the leading dimension of every tensor is the batch's samples.
-        size: b, samples per micro-batch (a Python int: every micro-batch but the last has
-            this static shape, as XLA needs).
-        contribute: ``contribute(x_i, y_i, sample_weight_i) -> MicroBatchResult``, one
-            micro-batch's forward and backward pass (and whatever else it records: metrics).
-
-    Returns:
-        ``(loss, applied)``: the batch's mean loss ``sum c_i L_i / sum c_i`` (float32 scalar)
-        and whether an optimizer update was applied (bool scalar).
-    """
-    check_variables(state.variables_accumulated, variables)
-
-    def add_one(micro_batch: tuple, totals: tuple) -> tuple:
-        out = contribute(*micro_batch)
-        state.accumulate(out.grads, out.weight, out.samples, optimizer, out.undivided)
-        return totals[0] + out.weighted_loss, totals[1] + out.log_weight
-
-    totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
-    applied = state.apply_window(optimizer)
-    return tf.math.divide_no_nan(*totals), applied
-
-
-def micro_batches(batch: tuple, size: int, body: Callable, totals: tuple) -> tuple:
-    """Run ``totals = body(micro_batch, totals)`` on every micro-batch of ``batch``, in order:
-    ``n // size`` micro-batches of exactly ``size`` samples in a ``tf.while_loop`` (one at a
-    time: ``parallel_iterations=1``, so only one micro-batch's activations are alive, and the
-    graph does not grow with their number), then the ``n % size`` samples left, if any. Every
-    slice has a static size where the batch's is static, so XLA never clamps a slice that runs
-    past the batch's end (it would silently re-read samples). A batch known to fit in one
-    micro-batch runs without the loop.
-    """
-    n_static = first_leaf(batch[0]).shape[0]
-    if n_static is not None and n_static <= size:  # one micro-batch: no loop (XLA on a CPU
-        return body(batch, totals)  # runs a convolution inside a loop far slower)
-    n = tf.shape(first_leaf(batch[0]))[0]
-    full = n // size
-
-    def loop_body(i, *loop_totals):
-        return (i + 1, *body(take(batch, i * size, size), loop_totals))
-
-    _, *totals = tf.while_loop(lambda i, *_: i < full, loop_body, (tf.constant(0), *totals),
-                               parallel_iterations=1)
-    totals = tuple(totals)
-    if n_static is not None:  # the rest's size known now
-        rest = n_static % size
-        return body(take(batch, n_static - rest, rest), totals) if rest else totals
-    rest = n - full * size
-    return tf.cond(rest > 0, lambda: body(take(batch, full * size, rest), totals),
-                   lambda: totals)
-
-
-def take(batch: Any, start, length) -> Any:
-    """Samples ``[start, start + length)`` of every tensor in ``batch`` (``None`` stays)."""
-
-    def one(t):
-        if t is None:
-            return None
-        if isinstance(t, tf.Tensor) and t.shape.rank is not None:
-            rank = t.shape.rank
-            begin = tf.stack([tf.cast(start, tf.int32)] + [0] * (rank - 1))
-            sizes = tf.stack([tf.cast(length, tf.int32)] + [-1] * (rank - 1)) if (
-                not isinstance(length, int)) else [length] + [-1] * (rank - 1)
-            return tf.slice(t, begin, sizes)
-        return t[start : start + length]
-
-    return tf.nest.map_structure(one, batch)
+def close_window(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+                 present: Sequence[int], *, force: bool, key: Any = None) -> tf.Tensor:
+    """:func:`close_if_due`, where every replica can be read (``plan.decide``; ``key``: the
+    cache key of a cross-replica close). Returns whether an update was applied."""
+    return plan.decide(functools.partial(close_if_due, window, counters, plan, optimizer,
+                                         variables, present, force=force), key)
 
 
 def add(window: Window, counters: Counters, plan: Plan, grads: Sequence, weight: tf.Tensor,
@@ -285,8 +216,8 @@ def close_if_due(window: Window, counters: Counters, plan: Plan, optimizer, vari
     whether an optimizer update was applied (bool scalar)."""
     count = plan.replicas.first(window.micro_step)
     due = count > 0 if force else count >= plan.accum_steps
-    return tf.cond(due, lambda: close(window, counters, plan, optimizer, variables, present),
-                   lambda: tf.constant(False))
+    return tf.cond(due, functools.partial(close, window, counters, plan, optimizer, variables,
+                                          present), lambda: tf.constant(False))
 
 
 def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
@@ -317,7 +248,7 @@ def close(window: Window, counters: Counters, plan: Plan, optimizer, variables: 
                 grads[i] += totals[len(present) + k]
         return plan.update(optimizer, variables, grads)
 
-    applied = tf.cond(skip, skipped, lambda: plan.replicas.on_replicas(apply_mean, sums))
+    applied = tf.cond(skip, skipped, functools.partial(plan.on_replicas, apply_mean, sums))
     plan.after_update(optimizer, applied)
     return end(window, counters, plan.replicas, applied, plan.hooks)
 
@@ -389,6 +320,14 @@ def _apply_unscaled(optimizer, variables: list, grads: list) -> tf.Tensor:
 
 def _nothing(*_ignored) -> None:
     return None
+
+
+def _now(fn: Callable[[], tf.Tensor], key: Any = None) -> tf.Tensor:
+    return fn()
+
+
+def _on_one_replica(update: Callable, sums: list) -> tf.Tensor:
+    return update(*sums)
 
 
 def _admit_all(grads, weight, accept: Callable, flag: Callable) -> tf.Tensor:

@@ -255,6 +255,31 @@ def resolve(base: Settings | None = None, **given: Any) -> Settings:
     return dataclasses.replace(base or Settings(), **checked)
 
 
+def warn_if_nothing_split(micro_batch_size: Any, micro_batches: int, windows: int,
+                          accum_call: str) -> bool:
+    """Warn (``UserWarning``) when ``micro_batch_size`` b (an int) is given but the first
+    ``windows`` updates were made of ``micro_batches`` micro-batches, one each: no batch was
+    larger than b, so nothing is split and nothing accumulated (the micro-step habit of
+    ``batch_size = b``). ``accum_call``: the call that sets ``accum_steps`` on the object
+    the user holds. ``"auto"`` reports its own b. Returns whether it warned."""
+    if not isinstance(micro_batch_size, int) or windows <= 0 or micro_batches > windows:
+        return False
+    import warnings
+
+    warnings.warn(
+        f"micro_batch_size={micro_batch_size} but no batch was larger than "
+        f"{micro_batch_size} samples: nothing is split and nothing is accumulated, each "
+        "batch makes an update of its own. With `micro_batch_size=b`, `batch_size` is the "
+        "recipe's batch B (one update per batch of B, from micro-batches of at most b): pass "
+        f"`batch_size=B`, e.g. `batch_size={4 * micro_batch_size}` for 4 micro-batches per "
+        f"update. For data that comes as micro-batches, use {accum_call} (K batches per "
+        "update).",
+        UserWarning,
+        stacklevel=2,
+    )
+    return True
+
+
 def require_a_way(accum_steps: Any, micro_batch_size: Any, caller: str) -> None:
     """Raise ``TypeError`` naming both settings when neither is given to ``caller``."""
     if accum_steps is None and micro_batch_size is None:

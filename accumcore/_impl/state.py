@@ -12,18 +12,24 @@ Like optax's ``MultiSteps``, all mutable accumulation state lives in this one ob
 add, close, end), its special cases resolved once per optimizer into a ``rule.Plan`` that the
 state caches. The variables are made here, under the names checkpoints know (:data:`SCALARS`);
 ``accumcore._impl.distribute`` says where each step runs under a ``tf.distribute`` strategy.
+
+Calls go one way: every entry point calls the state (:meth:`AccumulationState.step` for a
+micro-batch, :meth:`AccumulationState.one_window` for a batch cut by :func:`micro_batches`, the
+one cut of every entry point), which checks the inputs once and calls the rule with the window,
+the counters and the plan.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
 from accumcore._impl import distribute, rule, settings
 from accumcore._impl.batchnorm import attach_window_layers
+from accumcore._impl.gradients import first_leaf
 from accumcore._impl.nonfinite import NonFinitePolicy, Stop
 from accumcore._impl.rule import Counters, Window, describe_change, same_variables, variable_name
 
@@ -84,7 +90,10 @@ class AccumulationState(tf.Module):
         self._pieces = _Untracked(None)  # (Window, Counters, Stop) once built
         self._plans = _Untracked({})  # (optimizer, rule.Plan) by optimizer id, made once each
         self._weighting = _Untracked("auto")
-        self._present = _Untracked(())  # see `present`
+        # The indices of the accumulated variables the loss has a gradient for, as the last
+        # traced micro-batch found them (rule.present_of): a window is applied to these only,
+        # as optimizer.apply skips a None gradient.
+        self._present = _Untracked(())
         #: The call that applies a pending window, for the object the user holds (messages
         #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
         self.flush_call = "`state.flush(optimizer)`"
@@ -166,23 +175,6 @@ class AccumulationState(tf.Module):
     def built(self) -> bool:
         return self._pieces.value is not None
 
-    @property
-    def pieces(self) -> tuple:
-        """The rule's view of a built state's variables, ``(Window, Counters, Stop)``
-        (``accumcore._impl.rule``)."""
-        return self._pieces_checked()
-
-    @property
-    def present(self) -> tuple[int, ...]:
-        """The indices of the accumulated variables the loss has a gradient for, as the last
-        traced micro-batch found them (``rule.present_of``): a window is applied to these
-        only, as ``optimizer.apply`` skips a ``None`` gradient."""
-        return self._present.value
-
-    @present.setter
-    def present(self, indices: Sequence[int]) -> None:
-        self._present = _Untracked(tuple(indices))
-
     def _pieces_checked(self) -> tuple:
         """``(Window, Counters, Stop)`` of a built state."""
         self._check_built()
@@ -233,7 +225,7 @@ class AccumulationState(tf.Module):
             self._unsaved = _Untracked(unsaved)  # untracked: in no checkpoint
         self._variables = _Untracked(tuple(variables))  # the model's: not the state's to save
         self._pieces = _Untracked(pieces(self, self._unsaved.value))
-        self.present = range(len(variables))
+        self._present = _Untracked(tuple(range(len(variables))))
         return True
 
     def build_undivided(self) -> None:
@@ -318,15 +310,22 @@ class AccumulationState(tf.Module):
             bool scalar: whether the micro-batch was added (``False``: a per-micro-batch
             check left it out).
         """
+        window, counters, plan = self._checked(grads, optimizer, undivided)
+        return rule.add(window, counters, plan, grads, tf.cast(weight, tf.float32),
+                        tf.cast(samples, tf.int64), undivided)
+
+    def _checked(self, grads: Sequence, optimizer, undivided: Sequence | None) -> tuple:
+        """One micro-batch's gradients checked (once; the ``undivided`` accumulators made
+        when it brings them) and the variables they cover recorded: ``(window, counters,
+        plan)``, what the rule's functions take."""
         self._check_built()
         if undivided is not None:
             rule.check_gradients(undivided, self.accumulators, "undivided")
             self.build_undivided()
         window, counters, _ = self._pieces_checked()
         rule.check_gradients(grads, self.accumulators)
-        self.present = rule.present_of(grads)
-        return rule.add(window, counters, self.plan(optimizer), grads,
-                        tf.cast(weight, tf.float32), tf.cast(samples, tf.int64), undivided)
+        self._present = _Untracked(rule.present_of(grads))
+        return window, counters, self.plan(optimizer)
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence,
              undivided: Sequence | None = None) -> tf.Tensor:
@@ -338,7 +337,43 @@ class AccumulationState(tf.Module):
         Returns:
             bool scalar: whether an optimizer update was applied by this call.
         """
-        return rule.step(self, optimizer, variables, grads, weight, samples, undivided)
+        rule.check_variables(self._variables.value, variables)
+        window, counters, plan = self._checked(grads, optimizer, undivided)
+        plan.replicas.require_replica_context()
+        return rule.step(window, counters, plan, optimizer, list(self._variables.value),
+                         self._present.value, grads, weight, samples, undivided)
+
+    def one_window(self, optimizer, variables: Sequence, batch: tuple, size: int,
+                   contribute: Callable) -> tuple:
+        """One batch as one window, in one traced step: the batch cut into micro-batches of
+        ``size`` samples (:func:`micro_batches`: the last may be smaller), each added
+        (:meth:`accumulate`), then the window closed once (:meth:`apply_window`).
+
+        Args:
+            optimizer: the Keras optimizer the window is applied with.
+            variables: the model's trainable variables now (must be those accumulated).
+            batch: ``(x, y, sample_weight)`` of the whole batch (``y``, ``sample_weight`` may
+                be ``None``); the leading dimension of every tensor is the batch's samples.
+            size: b, samples per micro-batch (a Python int: every micro-batch but the last
+                has this static shape, as XLA needs).
+            contribute: ``contribute(x_i, y_i, sample_weight_i) -> MicroBatchResult``, one
+                micro-batch's forward and backward pass (and whatever else it records).
+
+        Returns:
+            ``(loss, log_weight, applied)``: the batch's mean loss ``sum c_i L_i / sum c_i``
+            (float32 scalar), ``sum c_i`` (float32 scalar) and whether an optimizer update
+            was applied (bool scalar).
+        """
+        rule.check_variables(self._variables.value, variables)
+
+        def add_one(micro_batch: tuple, totals: tuple) -> tuple:
+            out = contribute(*micro_batch)
+            self.accumulate(out.grads, out.weight, out.samples, optimizer, out.undivided)
+            return totals[0] + out.weighted_loss, totals[1] + out.log_weight
+
+        totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
+        applied = self.apply_window(optimizer)
+        return tf.math.divide_no_nan(*totals), totals[1], applied
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
@@ -361,11 +396,10 @@ class AccumulationState(tf.Module):
                 optimizer.build(list(variables))
         if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
-        plan, present = self.plan(optimizer), self.present
+        plan, present = self.plan(optimizer), self._present.value
         key = (id(optimizer), present, *map(id, self._variables.value))
-        return self.replicas.decide(lambda: rule.close_if_due(
-            window, counters, plan, optimizer, list(self._variables.value), present,
-            force=True), key)
+        return rule.close_window(window, counters, plan, optimizer, list(self._variables.value),
+                                 present, force=True, key=key)
 
     def drop_window(self) -> None:
         """Discard the current window unapplied (counted in ``samples_dropped`` only)."""
@@ -481,6 +515,64 @@ class AccumulationState(tf.Module):
     def get_config(self) -> dict:
         return {"accum_steps": self.accum_steps, "nonfinite": self.nonfinite}
 
+
+
+# ---------------------------------------------------------------------------- the batch, cut
+# The one cut of every entry point given a batch (``AccumulationState.one_window``: ``fit``
+# with ``micro_batch_size``, ``AccumTrainer``'s split steps and ``window_step``): b, b, ...,
+# the rest.
+def micro_batches(batch: tuple, size: int, body: Callable, totals: tuple) -> tuple:
+    """Run ``totals = body(micro_batch, totals)`` on every micro-batch of ``batch``, in order:
+    ``n // size`` micro-batches of exactly ``size`` samples in a ``tf.while_loop`` (one at a
+    time: ``parallel_iterations=1``, so only one micro-batch's activations are alive, and the
+    graph does not grow with their number), then the ``n % size`` samples left, if any. Every
+    slice has a static size where the batch's is static, so XLA never clamps a slice that runs
+    past the batch's end (it would silently re-read samples). A batch known to fit in one
+    micro-batch runs without the loop.
+    """
+    n_static = first_leaf(batch[0]).shape[0]
+    if n_static is not None and n_static <= size:  # one micro-batch: no loop (XLA on a CPU
+        return body(batch, totals)  # runs a convolution inside a loop far slower)
+    n = tf.shape(first_leaf(batch[0]))[0]
+    full = n // size
+
+    def loop_body(i, *loop_totals):
+        return (i + 1, *body(take(batch, i * size, size), loop_totals))
+
+    _, *totals = tf.while_loop(lambda i, *_: i < full, loop_body, (tf.constant(0), *totals),
+                               parallel_iterations=1)
+    totals = tuple(totals)
+    if n_static is not None:  # the rest's size known now
+        rest = n_static % size
+        return body(take(batch, n_static - rest, rest), totals) if rest else totals
+    rest = n - full * size
+    return tf.cond(rest > 0, lambda: body(take(batch, full * size, rest), totals),
+                   lambda: totals)
+
+
+def take(batch: Any, start, length) -> Any:
+    """Samples ``[start, start + length)`` of every tensor in ``batch`` (``None`` stays).
+
+    Every slice keeps the static shape of every non-batch dimension of its tensor (and a
+    static batch dimension where ``length`` is a Python int): Keras decides things from static
+    shapes at trace time (the squeeze of ``(N, 1)`` integer labels, ``Reshape``, a layer
+    reading ``shape[-1]``), and ``tf.slice`` with a traced ``begin`` would forget them."""
+    static_length = length if isinstance(length, int) else None
+
+    def one(t):
+        if t is None:
+            return None
+        if isinstance(t, tf.Tensor) and t.shape.rank is not None:
+            rank = t.shape.rank
+            begin = tf.stack([tf.cast(start, tf.int32)] + [0] * (rank - 1))
+            sizes = [length] + [-1] * (rank - 1) if static_length is not None else (
+                tf.stack([tf.cast(length, tf.int32)] + [-1] * (rank - 1)))
+            piece = tf.slice(t, begin, sizes)
+            piece.set_shape(tf.TensorShape([static_length]).concatenate(t.shape[1:]))
+            return piece
+        return t[start : start + length]
+
+    return tf.nest.map_structure(one, batch)
 
 
 # ---------------------------------------------------------------------------- the state's variables

@@ -8,14 +8,22 @@
   (traced once; a ragged last micro-batch does not retrace).
 * ``fit(dataset, mode="graph")``: a whole epoch inside one ``tf.function`` (fastest).
 
-and :meth:`~accumcore.AccumTrainer.window_step`, which takes one large batch and splits it into K
-micro-batches *inside* the graph, so only one micro-batch's activations are alive at a time.
+and :meth:`~accumcore.AccumTrainer.window_step`, which takes one large batch and splits it
+*inside* the graph, so only one micro-batch's activations are alive at a time.
+
+``micro_batch_size=b``: each batch given (to ``fit``, ``window_step``, ``train_micro_batch``) is
+the recipe's batch B, split inside the step into micro-batches of at most b
+(``AccumulationState.one_window``, the cut every entry point makes: b, b, ..., the rest), one
+update per batch. ``accum_steps=K``:
+each batch given is a micro-batch, K per update (``window_step`` cuts its batch of n into
+micro-batches of ``ceil(n / K)`` with the same function).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from accumcore._impl import datasets, distribute, epoch_loop, rule, settings
+from accumcore._impl import datasets, distribute, epoch_loop, settings
 from accumcore._impl.denominators import CountedLoss, resolve_normalizer
 from accumcore._impl.epoch_loop import HistoryBook, LoopHistory, fit_epoch
 from accumcore._impl.gradients import (
@@ -35,6 +43,7 @@ from accumcore._impl.gradients import (
 from accumcore._impl.nonfinite import NonFinitePolicy
 from accumcore._impl.rule import variable_name
 from accumcore._impl.settings import (
+    AUTO,
     check_choice,
     get_optimizer,
     resolve_accum_steps,
@@ -64,8 +73,11 @@ class AccumTrainer:
             (``model.losses``: ``add_loss`` terms, regularisers) are added, as in
             ``model.fit``, each weighed by its form (a sum over samples, a mean, or a weight
             regulariser counted once per update; Keras workflows page).
-        accum_steps: K, micro-batches per update. Or give ``effective_batch_size`` and
-            ``micro_batch_size`` (K = B / b).
+        accum_steps: K: each batch given is a micro-batch, K of them per update.
+        micro_batch_size: b: each batch given is the recipe's batch B, split inside the step
+            into micro-batches of at most b samples, one update per batch (not with
+            ``accum_steps``). The old form ``effective_batch_size=B, micro_batch_size=b`` (K
+            = B / b, batches of b) still works and warns, naming the new call.
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default; a window with a NaN or Inf is discarded whole and
@@ -88,6 +100,9 @@ class AccumTrainer:
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
         ...                        "sparse_categorical_crossentropy", accum_steps=4)
         >>> history = trainer.fit(train_ds.batch(16), epochs=2, mode="function")
+        >>> trainer = AccumTrainer(model, "adam", "sparse_categorical_crossentropy",
+        ...                        micro_batch_size=16)
+        >>> history = trainer.fit(x, y, batch_size=64)  # one update per 64, 4 x 16
     """
 
     def __init__(
@@ -107,22 +122,20 @@ class AccumTrainer:
         if not isinstance(model, keras.Model):
             raise TypeError(f"`model` must be a keras.Model, got {type(model).__name__}.")
         optimizer = get_optimizer(optimizer)
-        k = resolve_accum_steps(
-            accum_steps, effective_batch_size=effective_batch_size,
-            micro_batch_size=micro_batch_size,
-        )
+        given, self._legacy_batch_size = _ways(accum_steps, micro_batch_size,
+                                               effective_batch_size)
         self.model = model
         self.loss = None if loss is None else as_loss_fn(loss)
         # reports what it divides by; None: the model's own losses are the loss
         self._counted_loss = None if self.loss is None else CountedLoss(self.loss)
-        self.state = AccumulationState(k, nonfinite=nonfinite)
+        self.state = AccumulationState(1, nonfinite=nonfinite)
         self.state.settings = settings.resolve(self.state.settings, end_of_epoch=end_of_epoch,
-                                               normalizer=normalizer)
+                                               normalizer=normalizer, **given)
         self.state.flush_call = "`trainer.flush()`"
         # What the window rule weighs by: the normaliser matching the loss's reduction.
         self._weighting = resolve_normalizer(normalizer, loss)
         self.jit_compile = bool(jit_compile)
-        self.micro_batch_size = micro_batch_size
+        self._warned_unsplit = False
         self._reset_functions()
         self.optimizer = optimizer
         self.epoch = 0
@@ -132,11 +145,11 @@ class AccumTrainer:
         them anew, untraced; ``_micro_fn`` is made on the first micro-batch, for its shape."""
         self._micro_fn = None
         self._epoch_fn = tf.function(
-            functools.partial(epoch_loop.epoch_in_graph, self._run_micro_step), jit_compile=False)
-        self._window_fn = tf.function(self._split_window, reduce_retracing=True,
+            functools.partial(epoch_loop.epoch_in_graph, self._run_step), jit_compile=False)
+        # The cut's size is a Python int (an argument: one trace per size), so every
+        # micro-batch but the rest has a static size and XLA stays on for ragged batches.
+        self._window_fn = tf.function(self._window, reduce_retracing=True,
                                       jit_compile=self.jit_compile)
-        # window_step without XLA, for batches K does not divide (_ragged_under_xla)
-        self._window_ragged_fn = tf.function(self._split_window, reduce_retracing=True)
 
     @property
     def optimizer(self) -> keras.optimizers.Optimizer:
@@ -157,6 +170,12 @@ class AccumTrainer:
     def accum_steps(self) -> int:
         """K, micro-batches per optimizer update (held by ``state``)."""
         return self.state.accum_steps
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """The samples b of the micro-batches each batch given is split into (one update per
+        batch); ``None``: each batch is a micro-batch, ``accum_steps`` per update."""
+        return self.state.settings.micro_batch_size
 
     @property
     def end_of_epoch(self) -> str:
@@ -223,12 +242,14 @@ class AccumTrainer:
             )
 
     # ------------------------------------------------------------------ one micro-batch
-    def _run_micro_step(self, x, y=None, sample_weight=None):
-        """``micro_step``, on every replica under a strategy (outputs
-        combined locally)."""
+    def _run_step(self, x, y=None, sample_weight=None):
+        """One batch given: a micro-batch (:meth:`_micro_step`) or, with ``micro_batch_size``,
+        a batch split into micro-batches, one window (:meth:`_split_batch`); on every replica
+        under a strategy (outputs combined locally). Returns ``(loss, log weight, applied)``."""
+        step = self._split_batch if self.state.settings.splits_batches else self._micro_step
         if getattr(self, "_strategy", None) is None:
-            return self._micro_step(x, y, sample_weight)
-        return distribute.run_micro_step(self._strategy, self._micro_step, x, y, sample_weight)
+            return step(x, y, sample_weight)
+        return distribute.run_micro_step(self._strategy, step, x, y, sample_weight)
 
     def _loss_of(self, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> tf.Tensor:
         """The micro-batch's loss (scalar, loss units): the counted loss (which records what
@@ -264,12 +285,30 @@ class AccumTrainer:
         out = summed_loss_gradients(self.model, self._loss_of, x, y, sample_weight,
                                     normalizer=self._weighting, optimizer=self.optimizer,
                                     state=self.state)
-        applied = rule.step(self.state, self.optimizer, self.model.trainable_variables,
-                            out.grads, out.weight, out.samples, out.undivided)
+        applied = self.state.step(out.grads, out.weight, out.samples, self.optimizer,
+                                  self.model.trainable_variables, out.undivided)
         return out.loss, out.log_weight, applied
 
+    def _split_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
+                     size: int | None = None) -> tuple:
+        """One batch as one window (``AccumulationState.one_window``): cut into micro-batches
+        of ``size`` samples (default: ``micro_batch_size``; a Python int), the last the rest, each
+        accumulated as :meth:`_micro_step` does, then applied once. Returns ``(mean loss,
+        log weight, applied)``, float32, float32 and bool scalars."""
+        size = size or self.micro_batch_size
+        micro_batches = (tf.shape(first_leaf(x))[0] + size - 1) // size
+
+        def contribute(xi, yi, wi):
+            return summed_loss_gradients(
+                self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
+                optimizer=self.optimizer, state=self.state, micro_batches=micro_batches)
+
+        return self.state.one_window(self.optimizer, self.model.trainable_variables,
+                                     (x, y, sample_weight), size, contribute)
+
     def train_micro_batch(self, x, y=None, sample_weight=None, *, compiled: bool = False):
-        """Run one micro-batch; apply an update if it completes a window.
+        """Run one micro-batch; apply an update if it completes a window. With
+        ``micro_batch_size`` the batch given is the recipe's batch, split: one update.
 
         Checks for a non-finite window after the call (one host read of the state's stop):
         under ``nonfinite="raise"`` the call that closes a bad window raises
@@ -288,10 +327,10 @@ class AccumTrainer:
         a stopped state discards every later window)."""
         self.build(x)
         if not compiled:
-            return self._run_micro_step(x, y, sample_weight)
+            return self._run_step(x, y, sample_weight)
         if self._micro_fn is None:
             # Traced with the batch dimension unknown: a ragged last micro-batch reuses it.
-            self._micro_fn = tf.function(self._run_micro_step, reduce_retracing=True,
+            self._micro_fn = tf.function(self._run_step, reduce_retracing=True,
                                          jit_compile=self.jit_compile)
             specs = _batch_relaxed_specs((x, y, sample_weight))
             if specs is not None:
@@ -300,58 +339,35 @@ class AccumTrainer:
 
     # ------------------------------------------------------------------ one window, in graph
     def window_step(self, x, y=None, sample_weight=None):
-        """One optimizer update from one large batch, split into K micro-batches in the graph.
+        """One optimizer update from one large batch, split in the graph.
 
-        The batch of ``n`` samples is cut into micro-batches of ``ceil(n / K)`` samples (the
-        last may be smaller); gradients are accumulated inside one ``tf.function`` and applied
-        once. A batch of 64 with ``accum_steps=4`` runs as 4 x 16 without holding 64 samples'
-        activations. Must start on an empty window (it closes the window it opens).
+        The batch of ``n`` samples is cut by the same function as every entry point
+        (``state.micro_batches``: b, b, ..., the rest) into micro-batches of b =
+        ``micro_batch_size`` samples, or, with ``accum_steps`` K, of ``ceil(n / K)`` (K
+        micro-batches at most: 64 at K = 4 runs as 4 x 16, 50 as 13 + 13 + 13 + 11). The
+        gradients are accumulated inside one ``tf.function`` and applied once, without holding
+        the whole batch's activations; every slice but the rest has a static size, so
+        ``jit_compile=True`` stays on for ragged batches. Must start on an empty window (it
+        closes the window it opens).
 
         Returns:
             The mean loss over the batch (float32 scalar tensor).
         """
         self.build(x)
         self._check_window_step()
-        window_fn = self._window_ragged_fn if self._ragged_under_xla(x) else self._window_fn
-        loss = window_fn(x, y, sample_weight)
+        n = int(first_leaf(x).shape[0])
+        size = self.micro_batch_size or -(-n // self.accum_steps)  # ceil(n / K)
+        if self.micro_batch_size is not None and n <= size and not self._warned_unsplit:
+            self._warned_unsplit = settings.warn_if_nothing_split(
+                size, 1, 1, "`AccumTrainer(..., accum_steps=K)`")
+        loss = self._window_fn(x, y, sample_weight, size)
         self.state.raise_if_nonfinite(self.epoch)
         return loss
 
-    def _split_window(self, x: Any, y: Any, sample_weight: Any) -> tf.Tensor:
-        """The body of :meth:`window_step`: the batch ``x`` (with its ``y`` and ``sample_weight``,
-        or ``None``) cut into micro-batches of ``ceil(n / K)`` samples (the last may be smaller),
-        each accumulated as :meth:`_micro_step` does, then applied once. Traced, not eager; a
-        ``tf.while_loop``, so only one micro-batch's activations are alive at a time.
-
-        Returns:
-            The mean loss over the batch, ``sum c_i L_i / sum c_i`` (float32 scalar tensor).
-        """
-        k = self.accum_steps
-        n = tf.shape(first_leaf(x))[0]
-        size = (n + k - 1) // k  # ceil(n / K): the last micro-batch may be smaller
-
-        def take(t, start):
-            return None if t is None else tf.nest.map_structure(
-                lambda a: a[start : start + size], t
-            )
-
-        count = (n + size - 1) // size  # number of non-empty micro-batches (<= K)
-        total_loss = tf.constant(0.0)
-        total_weight = tf.constant(0.0)
-        for i in tf.range(count):  # autograph: a tf.while_loop; one micro-batch alive at a time
-            start = i * size
-            xi, yi, wi = take(x, start), take(y, start), take(sample_weight, start)
-            out = summed_loss_gradients(
-                self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
-                optimizer=self.optimizer, state=self.state,
-            )
-            self.state.accumulate(out.grads, out.weight, out.samples, self.optimizer,
-                                  out.undivided)
-            total_loss += out.weighted_loss
-            total_weight += out.log_weight
-        self.state.apply_window(self.optimizer)
-        return tf.math.divide_no_nan(total_loss, total_weight)
-
+    def _window(self, x: Any, y: Any, sample_weight: Any, size: int) -> tf.Tensor:
+        """The body of :meth:`window_step`, traced: :meth:`_split_batch` with micro-batches
+        of ``size`` samples. Returns the batch's mean loss (float32 scalar)."""
+        return self._split_batch(x, y, sample_weight, size)[0]
 
     def _check_window_step(self) -> None:
         """Refuse a ``window_step`` under a ``tf.distribute`` strategy or on a pending window (it
@@ -368,14 +384,6 @@ class AccumTrainer:
                 "micro-batch training: call `trainer.flush()` first."
             )
 
-
-    def _ragged_under_xla(self, x: Any) -> bool:
-        """Whether the batch ``x`` must run without XLA: the trainer compiles with XLA and K does
-        not divide the batch size (or it is unknown). XLA clamps an out-of-range slice to its
-        static size, so a smaller last micro-batch would silently re-read samples of the one before
-        it (tests/test_benchmarks.py holds this)."""
-        n = first_leaf(x).shape[0]
-        return self.jit_compile and (n is None or n % self.accum_steps != 0)
 
     # ------------------------------------------------------------------ end of epoch
     def flush(self) -> bool:
@@ -435,50 +443,59 @@ class AccumTrainer:
         verbose: int = 1,
         on_epoch_end: Callable[[int, LoopHistory], None] | None = None,
     ) -> LoopHistory:
-        """Train for ``epochs`` epochs of **micro-batches**, like ``model.fit``.
+        """Train for ``epochs`` epochs, like ``model.fit``: of micro-batches with
+        ``accum_steps`` (K per update), of batches of B split inside the step with
+        ``micro_batch_size`` (one update per batch; the records are then one per batch).
 
         Args:
-            x: a ``tf.data.Dataset`` yielding ``x``, ``(x, y)`` or ``(x, y, sample_weight)``
-                micro-batches (batch it with the micro-batch size b), or numpy arrays /
-                tensors (a list or dict for several inputs) with ``y`` and ``batch_size``.
-            y, sample_weight: arrays, only with array ``x``. As in ``model.fit``, the second
-                position is ``y``: ``fit(dataset, 3)`` raises; pass ``epochs=3``.
-            batch_size: the micro-batch size b for arrays (default: the trainer's
-                ``micro_batch_size``, else 32 as in Keras). Not with a dataset.
+            x: a ``tf.data.Dataset`` yielding batches ``x``, ``(x, y)`` or ``(x, y,
+                sample_weight)``, or numpy arrays / tensors (a list or dict for several
+                inputs) with ``y`` and ``batch_size``.
+            y, sample_weight: arrays, only with array ``x`` (``fit(dataset, 3)`` raises).
+            batch_size: samples per batch for arrays (default 32, as in Keras): with
+                ``micro_batch_size`` b the recipe's batch B, split into micro-batches of at
+                most b; with ``accum_steps`` the micro-batch (the old form
+                ``effective_batch_size=B, micro_batch_size=b``: b, its default). Not with a
+                dataset.
             epochs: number of epochs.
             shuffle: arrays only (a dataset is used in its own order): ``True`` (default, as
                 ``model.fit``) draws a new order every epoch, from TensorFlow's global seed
                 (``keras.utils.set_random_seed``); ``False`` keeps the order.
-            steps_per_epoch: micro-batches per epoch, as in ``model.fit``: required for an
-                infinite dataset (``.repeat()``). One iterator runs across the epochs, so each
-                epoch continues where the last stopped; if the data runs out, a warning says
-                so, that epoch ends early and the next one starts a new pass. Windows and
-                ``end_of_epoch`` work per epoch of that many micro-batches.
+            steps_per_epoch: batches per epoch, as in ``model.fit`` (required for an infinite
+                dataset): one iterator runs across the epochs; if the data runs out, a warning
+                says so and the next epoch starts a new pass.
             mode: ``"eager"``, ``"function"`` (default) or ``"graph"``; see the module doc.
-            verbose: 1 shows a ``keras.utils.Progbar`` per epoch (one tick per micro-batch),
-                2 prints one line per epoch (as ``model.fit``), 0 is silent.
+            verbose: 1: a ``keras.utils.Progbar`` per epoch, 2: a line per epoch, 0: silent.
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
         A :class:`NonFiniteGradientError` of a previous call is cleared at the start (logged).
-
-        Returns:
-            A :class:`LoopHistory`.
+        Returns a :class:`LoopHistory`.
         """
         check_choice(mode, "mode", MODES)
         dataset = datasets.as_dataset(x, y, sample_weight, batch_size, shuffle,
-                                    micro_batch_size=self.micro_batch_size)
+                                      fixed_batch_size=self._legacy_batch_size)
         cardinality, steps_per_epoch = datasets.check_epochs(self.model, dataset, steps_per_epoch)
         if self.state.built:
             self.state.clear_nonfinite()  # logged, if a previous call raised
         book = HistoryBook()
         source = datasets.EpochSource(self.model, dataset, cardinality, steps_per_epoch)
-        for _ in range(epochs):
+        for epoch in range(epochs):
+            before = _split_counts(self.state)
             fit_epoch(self, dataset, source, book, self._graph_epoch, mode=mode, verbose=verbose)
+            if epoch == 0:
+                self._warn_if_nothing_split(before)
             book.history.counters = self.state.counters()
             if on_epoch_end is not None:
                 on_epoch_end(self.epoch, book.history)
             self.epoch += 1
         return book.history
+
+    def _warn_if_nothing_split(self, before: tuple[int, int]) -> None:
+        """After ``fit``'s first epoch: warn if ``micro_batch_size`` is given but no batch
+        was split (``before``: the counts at its start; ``settings.warn_if_nothing_split``)."""
+        after = _split_counts(self.state)
+        settings.warn_if_nothing_split(self.micro_batch_size, after[0] - before[0],
+                                       after[1] - before[1], "`AccumTrainer(..., accum_steps=K)`")
 
     def _graph_epoch(self, dataset: tf.data.Dataset, source: datasets.EpochSource) -> list[tuple]:
         """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
@@ -515,6 +532,48 @@ class AccumTrainer:
                 "`trainer.fit(..., mode='function')` or `trainer.train_micro_batch(x, y, "
                 "compiled=True)` first.")
         return functions[entry]
+
+
+def _split_counts(state: AccumulationState) -> tuple[int, int]:
+    """``(micro-batches seen, windows closed)`` (a host read; zeros for an unbuilt state)."""
+    if not state.built:
+        return 0, 0
+    counts = state.counters()
+    return counts["micro_batches_seen"], counts["windows_applied"] + counts["windows_skipped"]
+
+
+def _ways(accum_steps: Any, micro_batch_size: Any,
+          effective_batch_size: Any) -> tuple[dict, int | None]:
+    """The trainer's way of making up an update, checked as at every entry point
+    (``settings.resolve`` checks the values and refuses both): ``(settings given, the old
+    form's batch size b for arrays or None)``. The old form ``effective_batch_size=B,
+    micro_batch_size=b`` (K = B / b, batches of b) warns, naming the new calls."""
+    if effective_batch_size is not None:
+        k = resolve_accum_steps(accum_steps, effective_batch_size=effective_batch_size,
+                                micro_batch_size=micro_batch_size)
+        warnings.warn(
+            f"AccumTrainer(effective_batch_size={effective_batch_size}, micro_batch_size="
+            f"{micro_batch_size}) is the old form: it trains on batches of "
+            f"{micro_batch_size}, {k} per update. `micro_batch_size=b` now means the batch "
+            "given is the recipe's batch B, split inside the step. Pass "
+            f"`AccumTrainer(..., micro_batch_size={micro_batch_size})` and give batches of "
+            f"{effective_batch_size} (`fit(x, y, batch_size={effective_batch_size})`, a "
+            f"dataset batched by {effective_batch_size}, `window_step`), or "
+            f"`AccumTrainer(..., accum_steps={k})` with batches of {micro_batch_size}.",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return {"accum_steps": k}, micro_batch_size
+    settings.require_a_way(accum_steps, micro_batch_size, "AccumTrainer")
+    if isinstance(micro_batch_size, str) and micro_batch_size == AUTO:
+        raise ValueError(
+            "AccumTrainer takes `micro_batch_size` as an int: 'auto' (b searched on the "
+            "device) is found by `model.fit`: use `accumcore.accumulate(model, "
+            "micro_batch_size='auto')` and `model.fit(x, y, batch_size=B)`, or find b "
+            "once with `accumcore.memory.accum_steps_for` and pass it here."
+        )
+    given = dict(accum_steps=accum_steps, micro_batch_size=micro_batch_size)
+    return {name: value for name, value in given.items() if value is not None}, None
 
 
 def _batch_relaxed_specs(structure: Any) -> Any:
