@@ -314,10 +314,6 @@ def test_convert_batchnorm_keeps_weights_and_outputs(images):
     assert not window_layers(model)  # the original is untouched
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding (issue 47 item 6): convert_batchnorm copies accum_steps but not micro_batch_size: "
-    "the clone of AccumModel(micro_batch_size=5) has micro_batch_size None and accum_steps 1, "
-    "so it trains at B without splitting, silently"))
 def test_convert_batchnorm_keeps_micro_batch_size():
     keras.utils.set_random_seed(3)
     inputs = keras.Input((6, 6, 2))

@@ -324,19 +324,9 @@ def reference(name: str) -> tuple[list, list]:
     return _REFERENCES[name]
 
 
-#: Split-mode cases that fail today because of a defect of issue 47 fixed in the library.
-SPLIT_INNER_SHAPES = (
-    "issue 47: the split's slices lose static inner shapes, so a scalar mean loss is read as "
-    "'a mean over a number of elements per sample that varies' and warns (the weights are "
-    "still exact: 1.3e-7)")
-KNOWN_FAILURES = {("scalar_mean_function_loss", entry): SPLIT_INNER_SHAPES
-                  for entry in ENTRY_POINTS if entry.endswith("_split")}
-
-
 def _matrix() -> list:
-    return [pytest.param(name, entry, id=f"{name}-{entry}", marks=[
-        pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[name, entry], raises=UserWarning)]
-        if (name, entry) in KNOWN_FAILURES else []) for name in CASES for entry in ENTRY_POINTS]
+    return [pytest.param(name, entry, id=f"{name}-{entry}") for name in CASES
+            for entry in ENTRY_POINTS]
 
 
 @pytest.mark.parametrize(("name", "entry"), _matrix())

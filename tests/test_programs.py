@@ -23,8 +23,9 @@ training-mode normalisation depend on how the batch is cut): the documented warn
 converted model's documented exact part (the moving statistics equal plain fit's at B when the
 weights do not move: learning rate 0).
 
-Expected failures (``xfail(strict=True)``) name the defect of issue 47 that a fix in the library
-removes; the lead's merge of each fix flips them to passing (and strict makes that visible).
+Before issue 47's fixes, split mode failed five of these: (N, 1) integer labels, dict inputs
+with a CategoryEncoding, a layer reading ``shape[-1]`` and raw strings (the split's slices lost
+their static inner shapes), and stock BatchNorm (no warning).
 """
 
 from __future__ import annotations
@@ -43,33 +44,8 @@ from accumcore.lab.experiments import get_weights
 MODES = {"micro_batch_size": (dict(micro_batch_size=MICRO), B),
          "accum_steps": (dict(accum_steps=K), MICRO)}
 
-N1_LABELS = "issue 47: integer labels of shape (N, 1) raise a ValueError in split mode"
-BN_SPLIT = "issue 47: no stock-BatchNorm warning in split mode"
-INNER_SHAPES = ("issue 47: the split's slices lose static inner shapes (a layer reading "
-                "`shape[-1]` of a model input sees None)")
-#: The parametrizations that fail today because of a defect being fixed in the library, with
-#: the exception each raises today (any other exception is an error, not an expected failure):
-#: Keras's ValueError "Argument `output` must have rank (ndim) `target.ndim - 1`" (labels
-#: sliced to (None, None)); TypeError from a layer computing with a None inner dimension
-#: (CategoryEncoding, FoldLastAxes); TextVectorization's ValueError "the input rank must be 1
-#: or the last shape dimension must be 1" (strings (N, 1) sliced to (None, None)); pytest's
-#: "DID NOT WARN".
-KNOWN = {("vision_n1_labels", "micro_batch_size"): (N1_LABELS, ValueError),
-         ("timeseries_batchnorm", "micro_batch_size"): (BN_SPLIT, pytest.fail.Exception),
-         ("structured_data_dict_inputs", "micro_batch_size"): (INNER_SHAPES, TypeError),
-         ("autoencoder_reshape_function_loss", "micro_batch_size"): (INNER_SHAPES, TypeError),
-         ("text_vectorization_raw_strings", "micro_batch_size"): (INNER_SHAPES, ValueError)}
-
-
 def _cases() -> list:
-    params = []
-    for name in PROGRAMS:
-        for mode in MODES:
-            reason, raises = KNOWN.get((name, mode), (None, None))
-            marks = [pytest.mark.xfail(strict=True, reason=reason, raises=raises)] if (
-                reason) else []
-            params.append(pytest.param(name, mode, marks=marks, id=f"{name}-{mode}"))
-    return params
+    return [pytest.param(name, mode, id=f"{name}-{mode}") for name in PROGRAMS for mode in MODES]
 
 
 _INITIAL: dict[str, list[np.ndarray]] = {}

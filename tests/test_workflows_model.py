@@ -341,11 +341,7 @@ def _bn_warnings(record) -> list[str]:
     return [m for m in _messages(record) if "convert_batchnorm" in m]
 
 
-@pytest.mark.parametrize("mode", [
-    "accum_steps",
-    pytest.param("micro_batch_size", marks=pytest.mark.xfail(
-        strict=True, reason="issue 47: no stock-BatchNorm warning in split mode",
-        raises=AssertionError))])
+@pytest.mark.parametrize("mode", ["accum_steps", "micro_batch_size"])
 def test_stock_batchnorm_warns_once_per_accum_model(data, mode):
     x, y = data
     how, batch_size = (dict(accum_steps=2), 8) if mode == "accum_steps" else (
