@@ -329,11 +329,7 @@ def test_every_slice_keeps_the_static_shape_of_every_non_batch_dimension(way, ji
     Embedding's sparse gradient (repeated rows) differently from the same gradient dense
     (rel 0.4 here; tests/helpers.py ``dense_reference``), SGD's scatter-add does not."""
     x, y, sw = _shape_data()
-    plain = _shape_model()
-    initial = get_weights(plain)
-    plain.compile(keras.optimizers.SGD(0.1), LOSS)
-    for s in _batches(40, B):
-        plain.train_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s])
+    initial, expected = _shape_reference(x, y, sw)
     model = _shape_model()
     model.compile(keras.optimizers.SGD(0.1), LOSS, jit_compile=jit)
     if way == "micro_batch_size":  # B = 16 split 6 + 6 + 4, the last batch 6 + 2
@@ -342,7 +338,7 @@ def test_every_slice_keeps_the_static_shape_of_every_non_batch_dimension(way, ji
     else:  # K = 4 micro-batches of 4
         ac.accumulate(model, accum_steps=4)
         model.fit(x, y, sample_weight=sw, batch_size=4, shuffle=False, verbose=0)
-    assert_matches_reference(model, initial, get_weights(plain))
+    assert_matches_reference(model, initial, expected)
     assert int(model.optimizer.iterations.numpy()) == 3
 
 
@@ -433,13 +429,20 @@ def test_every_entry_point_cuts_a_batch_of_100_at_b_32_the_same_way(entry):
     assert_matches_reference(model, initial, ref)
 
 
-def _trainer_equivalence(way: str, entry: str, jit: bool) -> None:
-    x, y, sw = _shape_data()
+def _shape_reference(x: dict, y: np.ndarray, sw: np.ndarray) -> tuple[list, list]:
+    """(initial, final) weights of plain Keras ``train_on_batch`` with SGD(0.1) on batches of
+    B = 16 (16, 16, 8) of the static-shape data: the large-batch reference."""
     plain = _shape_model()
     initial = get_weights(plain)
     plain.compile(keras.optimizers.SGD(0.1), LOSS)
     for s in _batches(40, B):
         plain.train_on_batch({k: v[s] for k, v in x.items()}, y[s], sample_weight=sw[s])
+    return initial, get_weights(plain)
+
+
+def _trainer_equivalence(way: str, entry: str, jit: bool) -> None:
+    x, y, sw = _shape_data()
+    initial, expected = _shape_reference(x, y, sw)
     model = _shape_model()
     how = dict(micro_batch_size=b) if way == "micro_batch_size" else dict(accum_steps=4)
     trainer = ac.AccumTrainer(model, keras.optimizers.SGD(0.1), LOSS, jit_compile=jit, **how)
@@ -449,7 +452,7 @@ def _trainer_equivalence(way: str, entry: str, jit: bool) -> None:
     else:
         trainer.fit(x, y, sample_weight=sw, batch_size=B if way == "micro_batch_size" else 4,
                     shuffle=False, mode=entry, verbose=0)
-    assert_matches_reference(model, initial, get_weights(plain))
+    assert_matches_reference(model, initial, expected)
     assert int(trainer.optimizer.iterations.numpy()) == 3
 
 
