@@ -8,13 +8,17 @@ seeded model and data under the strategy and emits what ``CASE`` produces:
 * ``trainer``: ``AccumTrainer.fit`` in each mode (eager, function, graph), with
   ``accum_steps=K`` (batches are micro-batches) and with ``micro_batch_size=b`` (each batch is
   the recipe's batch, split inside the step): final weights and counters per run.
-* ``keras_fit``: Keras's own ``model.fit`` (a plain ``keras.Model``, an ``AccumModel`` and
-  an ``accumulate``d model), with
-  arrays and with a dataset: the error each raises, or ``None`` if it trains.
+* ``keras_fit``: Keras's own ``model.fit`` (a plain ``keras.Model``, an ``AccumModel`` and a
+  model given to ``accumulate``), with arrays and with a dataset: the error each raises
+  (message and traceback frames), or ``None`` if it trains.
+* ``oom``: ``AccumTrainer`` with an out-of-memory error on worker 0 only: the error each
+  worker raises.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import traceback
 
@@ -93,10 +97,50 @@ def keras_fit_case(strategy) -> dict:
     return out
 
 
+class OutOfMemoryOnWorker0(keras.layers.Layer):
+    """Identity that "runs out of memory" on worker 0 only: a ``MemoryError`` in a
+    ``py_function`` for more than 3 samples, which reaches the caller as
+    ``tf.errors.ResourceExhaustedError`` (as in tests/test_micro_batch_size.py)."""
+
+    def call(self, x):
+        limit = 3 if worker_index() == 0 else 10**9
+
+        def check(t):
+            if t.shape[0] > limit:
+                raise MemoryError(f"injected: {t.shape[0]} samples")
+            return t
+
+        out = tf.py_function(check, [x], x.dtype)
+        out.set_shape(x.shape)
+        return out
+
+
+def worker_index() -> int:
+    """This worker's index in ``TF_CONFIG``."""
+    return int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+
+
+def oom_case(strategy) -> dict:
+    """``AccumTrainer(micro_batch_size=5)``, function mode, with an out-of-memory error on
+    worker 0 only (its micro-batches of 5 do not fit there): the error this worker raises."""
+    x, y = make_data(N, seed=SEED)
+    with strategy.scope():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        hidden = OutOfMemoryOnWorker0()(keras.layers.Dense(16, activation="tanh")(inputs))
+        model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+        trainer = ac.AccumTrainer(model, make_optimizer(), LOSS, micro_batch_size=SPLIT)
+    try:
+        trainer.fit(sharded(x, y, BATCH), epochs=1, mode="function", verbose=0)
+    except Exception as err:  # noqa: BLE001 - reported to the parent
+        return {"oom": {"error": f"{type(err).__name__}: {err}"}}
+    return {"oom": {"error": None}}
+
+
 def main() -> None:
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     case = sys.argv[1] if len(sys.argv) > 1 else "trainer"
-    cases = {"trainer": trainer_case, "keras_fit": keras_fit_case}
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    cases = {"trainer": trainer_case, "keras_fit": keras_fit_case, "oom": oom_case}
     emit({"replicas": strategy.num_replicas_in_sync, **cases[case](strategy)})
 
 

@@ -5,8 +5,8 @@ training, with ``accum_steps`` (one ``train_on_batch`` per window of K global mi
 with ``micro_batch_size`` (one per global batch given, each worker splitting its share), in
 every mode. Keras's own ``fit`` is checked to fail there before any train step
 (keras-team/keras#20585), as the devices reference page says: if Keras fixes it, the test says
-so. The workers run through ``helpers.run_workers``: bounded by a timeout, always killed at the
-end.
+so. An out-of-memory error on one worker only stops both with an error. The workers run
+through ``helpers.run_workers``: bounded by a timeout, always killed at the end.
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def two_workers(case: str, timeout: float = TIMEOUT_S) -> list[dict]:
-    """Each worker's result of ``multiworker_worker.py CASE`` on a fresh 2-worker cluster."""
+def two_workers(case: str, *args: str, timeout: float = TIMEOUT_S) -> list[dict]:
+    """Each worker's result of ``multiworker_worker.py CASE ARGS`` on a fresh 2-worker
+    cluster."""
     cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(2)]}
     envs = [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})}
             for i in range(2)]
-    return run_workers("multiworker_worker.py", envs, case, timeout=timeout)
+    return run_workers("multiworker_worker.py", envs, case, *args, timeout=timeout)
 
 
 def references() -> dict:
@@ -122,3 +123,15 @@ def test_keras_fit_fails_on_two_workers_before_any_train_step() -> None:
             assert outcome["error"].startswith("ValueError: Attempt to convert a value (PerReplica")
             assert "with an unsupported type" in outcome["error"]
             assert "_maybe_symbolic_build" in outcome["frames"]
+
+
+def test_out_of_memory_on_one_worker_stops_both_with_an_error() -> None:
+    """An out-of-memory error on worker 0 only, inside a compiled step (``micro_batch_size=5``,
+    each worker's share of 12 cut 5 + 5 + 2): worker 0 raises it; worker 1, waiting in the
+    window's all-reduce, stops with TensorFlow's collective abort once worker 0's process has
+    ended (its collectives then refuse to run until the program restarts, which is also why
+    ``micro_batch_size="auto"`` cannot rerun a step on several workers). Neither trains on."""
+    results = two_workers("oom", timeout=300)
+    assert results[0]["oom"]["error"].startswith("ResourceExhaustedError")
+    assert "injected: 5 samples" in results[0]["oom"]["error"]
+    assert "Collective ops is aborted" in results[1]["oom"]["error"]
