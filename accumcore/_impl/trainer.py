@@ -570,7 +570,11 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
             "AccumTrainer takes `micro_batch_size` as an int: 'auto' (b searched on the "
             "device) is found by `model.fit`: use `accumcore.accumulate(model, "
             "micro_batch_size='auto')` and `model.fit(x, y, batch_size=B)`, or find b "
-            "once with `accumcore.memory.accum_steps_for` and pass it here."
+            "once with `accumcore.memory.plan_accumulation(accumcore.memory.oom_probe("
+            "accumcore.memory.gradient_step_probe(...)), B).micro_batch_size` and pass it "
+            "here. Under MultiWorkerMirroredStrategy only AccumTrainer trains (Keras's "
+            "`fit` fails there, keras-team/keras#20585): find b on one worker and give every "
+            "worker that int."
         )
     given = dict(accum_steps=accum_steps, micro_batch_size=micro_batch_size)
     return {name: value for name, value in given.items() if value is not None}, None
