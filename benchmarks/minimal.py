@@ -25,6 +25,15 @@ records. The variants mirror accumcore's compiled entry points:
 * :meth:`MinimalAccumulator.window` -- one ``tf.function`` call per window, the batch split in
   the graph into ``ceil(n / K)``-sample micro-batches (as ``AccumTrainer.window_step``); it
   applies unconditionally at the end of the call, so it has no counter and no ``tf.cond``.
+
+And :class:`MinimalSplitModel`, the floor of ``fit`` with ``micro_batch_size`` (issue 47): a
+``keras.Model`` whose ``train_step`` cuts the batch of B into static slices of b in one
+``tf.while_loop`` (``parallel_iterations=1``), carries the summed loss and the sums of the
+micro-batches' gradients of their summed losses in the loop variables (or, with
+``accumulators=True``, adds them into one variable per weight, as accumcore does), divides once
+by B and calls ``optimizer.apply`` once; it updates the loss metric with the batch's mean loss.
+It leaves out what :class:`MinimalAccumulator` leaves out, and a last micro-batch smaller than b
+(B must be a multiple of b: checked, one op) and every compiled metric but the loss.
 """
 
 from __future__ import annotations
@@ -123,3 +132,77 @@ class MinimalAccumulator:
         for x, y in dataset:
             loss = self.step(x, y)
         return float(loss)
+
+
+class MinimalSplitModel(keras.Model):
+    """``fit`` with the batch split inside ``train_step``, in its least code (public Keras only).
+
+    Args:
+        model: the network (a built Keras model; its variables are this model's).
+        loss: a Keras loss name or function returning one loss per sample, shape ``(b,)``.
+        micro_batch_size: b, samples per micro-batch (a Python int: every slice has the static
+            shape ``(b, ...)``); ``fit``'s ``batch_size`` B must be a multiple of it.
+        accumulators: add each micro-batch's gradient into one ``tf.Variable`` per weight
+            (``assign``) instead of carrying the sums in the loop's variables.
+
+    Compile it with an optimizer only (``compile(optimizer)``): the loss is this model's.
+    """
+
+    def __init__(self, model: keras.Model, loss: Any, micro_batch_size: int, *,
+                 accumulators: bool = False) -> None:
+        super().__init__()
+        self.network = model
+        self.per_sample_loss = keras.losses.get(loss) if isinstance(loss, str) else loss
+        self.micro_batch_size = micro_batch_size
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self.accumulators = [tf.Variable(tf.zeros_like(v), trainable=False)
+                             for v in model.trainable_variables] if accumulators else None
+
+    def call(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        return self.network(x, training=training)
+
+    @property
+    def metrics(self) -> list:
+        return [self.loss_tracker]
+
+    def _summed(self, x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list]:
+        """One micro-batch's summed loss (float32 scalar) and its gradients."""
+        variables = self.trainable_variables
+        with tf.GradientTape() as tape:
+            summed = tf.reduce_sum(self.per_sample_loss(y, self(x, training=True)))
+        return summed, tape.gradient(summed, variables)
+
+    def train_step(self, data: Any) -> dict:
+        """One update from a batch ``x`` (B, ...), ``y`` (B,): B / b micro-batches of b."""
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        b, variables = self.micro_batch_size, self.trainable_variables
+        n = tf.shape(x)[0]
+        tf.debugging.assert_equal(n % b, 0, message="B must be a multiple of b")
+
+        def cut(t: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
+            begin = tf.stack([i * b] + [0] * (t.shape.rank - 1))
+            piece = tf.slice(t, begin, [b] + [-1] * (t.shape.rank - 1))
+            piece.set_shape(tf.TensorShape([b]).concatenate(t.shape[1:]))
+            return piece
+
+        def body(i, total, *sums):
+            summed, grads = self._summed(cut(x, i), cut(y, i))
+            if self.accumulators is not None:
+                for acc, g in zip(self.accumulators, grads, strict=True):
+                    acc.assign(acc + g)
+                return (i + 1, total + summed)
+            return (i + 1, total + summed, *[s + g for s, g in zip(sums, grads, strict=True)])
+
+        sums = [] if self.accumulators is not None else [tf.zeros_like(v) for v in variables]
+        _, total, *sums = tf.while_loop(lambda i, *_: i < n // b, body,
+                                        (tf.constant(0), tf.constant(0.0), *sums),
+                                        parallel_iterations=1)
+        if self.accumulators is not None:
+            sums = [acc.value() for acc in self.accumulators]
+        samples = tf.cast(n, tf.float32)
+        self.optimizer.apply([s / samples for s in sums], variables)
+        if self.accumulators is not None:
+            for acc in self.accumulators:
+                acc.assign(tf.zeros_like(acc))
+        self.loss_tracker.update_state(total / samples, sample_weight=samples)
+        return {"loss": self.loss_tracker.result()}

@@ -514,8 +514,9 @@ class AccumTrainer:
                 ``train_micro_batch(compiled=True)``, called as ``f(x, y, sample_weight)``
                 for one micro-batch, returning ``(mean_loss, weight, applied)``;
                 ``"epoch"``: ``fit(mode="graph")`` 's whole epoch, ``f(dataset)``;
-                ``"window"``: :meth:`window_step` 's, ``f(x, y, sample_weight)`` for one
-                batch split into K micro-batches, returning its mean loss.
+                ``"window"``: :meth:`window_step` 's, ``f(x, y, sample_weight, size)`` for
+                one batch split into micro-batches of ``size`` samples (a Python int),
+                returning its mean loss.
 
         Raises:
             ValueError: for another ``entry``, or for ``"micro_batch"`` before the first
