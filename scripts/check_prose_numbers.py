@@ -624,10 +624,7 @@ def unprinted_glue(notebook: dict) -> list[str]:
 
 #: Pages whose glued numbers are not all printed yet, each with the change that prints them:
 #: their problems are not reported, and the entry fails once the page has none.
-GLUE_PRINT_PENDING: dict[str, str] = {
-    "07_memory_speed": "quotes the committed benchmark run (FILE_GLUE_PENDING): issue 48 "
-                       "rewrites the chapter to measure, and print, on its page",
-}
+GLUE_PRINT_PENDING: dict[str, str] = {}
 
 
 def executed_page_problems(stem: str, notebook: dict) -> list[str]:

@@ -387,8 +387,10 @@ def test_a_number_printed_by_a_hidden_output_does_not_count():
     assert len(checker.unprinted_glue(page)) == 1
 
 
-def test_a_pending_page_is_not_reported_until_it_prints_everything(tmp_path, capsys):
-    stem = next(iter(checker.GLUE_PRINT_PENDING))
+def test_a_pending_page_is_not_reported_until_it_prints_everything(tmp_path, capsys,
+                                                                     monkeypatch):
+    stem = "07_memory_speed"
+    monkeypatch.setitem(checker.GLUE_PRINT_PENDING, stem, "being rewritten")
     unprinted = _glued_page("From {glue:text}`first:.2f`.", "x\n", {"first": 2.3150265})
     assert checker.executed_page_problems(stem, unprinted) == []
     printed = _glued_page("From {glue:text}`first:.2f`.", "2.32\n", {"first": 2.3150265})
