@@ -627,9 +627,24 @@ def unprinted_glue(notebook: dict) -> list[str]:
 GLUE_PRINT_PENDING: dict[str, str] = {}
 
 
+def markup_in_glue(notebook: dict) -> list[str]:
+    """Glued text that holds Markdown markup (a backtick): ``{glue:text}`` inserts it as plain
+    text, so readers see the backticks (chapter 7's "fastest" answer, 3b's b, found so)."""
+    problems = []
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            value = "".join(output.get("data", {}).get(
+                "application/papermill.record/text/plain", ""))
+            if name and "`" in value:
+                problems.append(f"glued text {name!r} holds markup readers see as is: {value}")
+    return problems
+
+
 def executed_page_problems(stem: str, notebook: dict) -> list[str]:
-    """The problems only an executed page shows: glued numbers that no output prints."""
-    problems = unprinted_glue(notebook)
+    """The problems only an executed page shows: glued numbers that no output prints, glued
+    text with markup in it."""
+    problems = unprinted_glue(notebook) + markup_in_glue(notebook)
     if stem in GLUE_PRINT_PENDING:
         return [] if problems else [
             "GLUE_PRINT_PENDING lists the page, but it prints every glued number now"]

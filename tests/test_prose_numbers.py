@@ -400,3 +400,11 @@ def test_a_pending_page_is_not_reported_until_it_prints_everything(tmp_path, cap
     assert checker.main([str(tmp_path)]) == 1
     assert "masks_tokens: glued number printed by no output: first = 2.32" in \
         capsys.readouterr().out
+
+
+def test_glued_text_with_markup_fails_and_plain_text_passes():
+    marked = _glued_page("b was {glue:text}`b_how`.", "b 4\n", {"b_how": "given as `b=4`"})
+    assert checker.markup_in_glue(marked) == [
+        "glued text 'b_how' holds markup readers see as is: 'given as `b=4`'"]
+    plain = _glued_page("b was {glue:text}`b_how`.", "b 4\n", {"b_how": "given as b=4"})
+    assert checker.markup_in_glue(plain) == []
