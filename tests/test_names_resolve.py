@@ -36,6 +36,20 @@ def _texts() -> dict[str, str]:
     return texts
 
 
+def _set_in_init(owner: object, attribute: str) -> bool:
+    """Whether ``owner`` is a class whose ``__init__`` sets ``self.<attribute>`` (an instance
+    attribute: autodoc documents it from its ``#:`` comment; the class itself lacks it)."""
+    if not isinstance(owner, type):
+        return False
+    import inspect
+
+    try:
+        source = inspect.getsource(owner.__init__)
+    except (OSError, TypeError):
+        return False
+    return re.search(rf"\bself\.{re.escape(attribute)}\s*(?::[^=]+)?=", source) is not None
+
+
 def resolves(name: str) -> bool:
     """Whether ``name`` (``accumcore.a.b``) is a module or an attribute of one."""
     parts = name.split(".")
@@ -46,7 +60,7 @@ def resolves(name: str) -> bool:
             continue
         for attribute in parts[cut:]:
             if not hasattr(target, attribute):
-                return False
+                return _set_in_init(target, attribute)
             target = getattr(target, attribute)
         return True
     return False
@@ -61,6 +75,12 @@ def mentioned_names() -> dict[str, list[str]]:
             if not name.startswith(WEB):
                 found.setdefault(name, []).append(where)
     return found
+
+
+def test_an_instance_attribute_set_in_init_resolves_and_a_missing_one_does_not():
+    assert resolves("accumcore.AccumulationState.flush_call")
+    assert not resolves("accumcore.AccumulationState.no_such_attribute")
+    assert not resolves("accumcore.flush.flush_call")  # a function: no __init__ to read
 
 
 def test_every_accumcore_name_mentioned_resolves():
