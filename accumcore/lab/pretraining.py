@@ -66,7 +66,7 @@ class Pretrained:
 
 def pretraining_corpus(min_length: int = 20) -> list[str]:
     """The docstring lines (of at least ``min_length`` characters, stripped, each once, in a
-    fixed order) of the public names of :data:`CORPUS_MODULES`."""
+    fixed order) of the public names of ``CORPUS_MODULES``."""
     lines: dict[str, None] = {}
     for module in CORPUS_MODULES:
         for name in sorted(vars(module)):
@@ -79,7 +79,7 @@ def pretraining_corpus(min_length: int = 20) -> list[str]:
 
 def byte_vocabulary() -> tuple[dict[str, int], list[str]]:
     """A GPT-2 byte-level vocabulary and merges: each byte as GPT-2's tokenizer spells it (ids
-    0-255), :data:`END_TOKEN` (256) and one merge, ``"Ġ t"`` (a space then "t", 257: KerasHub's
+    0-255), ``END_TOKEN`` (256) and one merge, ``"Ġ t"`` (a space then "t", 257: KerasHub's
     tokenizer needs at least one)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
