@@ -174,10 +174,11 @@ def install_browser() -> bool:
 
 
 def ensure_browser(install_missing: bool = False) -> tuple[str, str | None]:
-    """``find_browser()``; where it finds none, Debian's installed first (``install_missing``,
-    where possible), else the run ends with ``INSTALL_HINT``."""
+    """``find_browser()``; where it finds no browser, or a browser without a chromedriver
+    (offline, Selenium Manager cannot download one), Debian's are installed first
+    (``install_missing``, where possible), else the run ends with ``INSTALL_HINT``."""
     browser, driver_path = find_browser()
-    if browser is None and install_missing and install_browser():
+    if (browser is None or driver_path is None) and install_missing and install_browser():
         browser, driver_path = find_browser()
     if browser is None:
         sys.exit(INSTALL_HINT)
