@@ -293,40 +293,49 @@ def scenario_fit_keras_backup_epoch_carry(tmp: Path) -> dict:
     }
 
 
-def scenario_fit_exact_backup(tmp: Path) -> dict:
-    """AccumModel.fit + accumcore's ExactBackupAndRestore(save_freq=2): two mid-window crashes,
-    the second one in the epoch resumed by the first."""
+def _two_crashes_then_resume(tmp: Path, batch_size: int, crashes: tuple, save_freq: int,
+                             **settings) -> tuple:
+    """The fit_exact_backup scenarios' runs: ``straight``, one ``AccumModel`` (``settings``)
+    trained without a crash; then ``fit_resumable(save_freq=...)`` runs from other seeds, each
+    crashed at its ``(epoch, batch)`` of ``crashes`` (the first starts like ``straight``), and
+    one resumed to the end. Returns ``(straight, resumed, info)``."""
     from accumcore.checkpointing import fit_resumable
 
     x, y = _data()
-    kw = dict(batch_size=MICRO, epochs=EPOCHS, shuffle=False, verbose=0)
-    straight = _accum_model(run_eagerly=False)
+    kw = dict(batch_size=batch_size, epochs=EPOCHS, shuffle=False, verbose=0)
+    straight = _accum_model(run_eagerly=False, **settings)
     straight.fit(x, y, **kw)
     backup = str(tmp / "backup")
     interrupted, restored = [], []
-    for seed, at in ((0, (1, 4)), (4, (2, 2))):  # the first run starts like `straight`
-        model = _accum_model(seed=seed, run_eagerly=False)
+    for seed, at in zip((0, 4), crashes, strict=True):
+        model = _accum_model(seed=seed, run_eagerly=False, **settings)
         record: dict = {}
         interrupted.append(_run_interrupted(lambda model=model, at=at, record=record: (
-            fit_resumable(model, x, y, backup_dir=backup, save_freq=2,
+            fit_resumable(model, x, y, backup_dir=backup, save_freq=save_freq,
                           callbacks=[_interrupt_at(*at), _state_probe(record)], **kw))))
         restored.append(record)
         with open(os.path.join(backup, "accumcore_backup.json")) as f:
             restored.append(json.load(f))
     record = {}
-    resumed = _accum_model(seed=5, run_eagerly=False)
-    fit_resumable(resumed, x, y, backup_dir=backup, save_freq=2,
+    resumed = _accum_model(seed=5, run_eagerly=False, **settings)
+    fit_resumable(resumed, x, y, backup_dir=backup, save_freq=save_freq,
                   callbacks=[_state_probe(record)], **kw)
     restored.append(record)
-    return {
-        "runs": {"straight": _weights(straight), "resumed": _weights(resumed)},
-        "info": {"interrupted": interrupted, "restored": restored,
-                 "backup_deleted": not os.path.exists(backup),
-                 "straight_counters": straight.accumulation.counters(),
-                 "counters": resumed.accumulation.counters(),
-                 "straight_iterations": int(straight.optimizer.iterations.numpy()),
-                 "resumed_iterations": int(resumed.optimizer.iterations.numpy())},
-    }
+    info = {"interrupted": interrupted, "restored": restored,
+            "backup_deleted": not os.path.exists(backup),
+            "straight_counters": straight.accumulation.counters(),
+            "counters": resumed.accumulation.counters(),
+            "straight_iterations": int(straight.optimizer.iterations.numpy()),
+            "resumed_iterations": int(resumed.optimizer.iterations.numpy())}
+    return straight, resumed, info
+
+
+def scenario_fit_exact_backup(tmp: Path) -> dict:
+    """AccumModel.fit + accumcore's ExactBackupAndRestore(save_freq=2): two mid-window crashes,
+    the second one in the epoch resumed by the first."""
+    straight, resumed, info = _two_crashes_then_resume(tmp, MICRO, ((1, 4), (2, 2)), 2)
+    return {"runs": {"straight": _weights(straight), "resumed": _weights(resumed)},
+            "info": info}
 
 
 def scenario_fit_exact_backup_split(tmp: Path) -> dict:
@@ -334,38 +343,11 @@ def scenario_fit_exact_backup_split(tmp: Path) -> dict:
     (the windows of the ``accum_steps`` runs), ExactBackupAndRestore(save_freq=1); crash in
     epoch 1 after its batch 1 (the backup holds batch 0: the crash comes before its save),
     resume, crash at epoch 2's first batch (the backup holds epoch 1), resume to the end."""
-    from accumcore.checkpointing import fit_resumable
-
-    x, y = _data()
-    kw = dict(batch_size=MICRO * K, epochs=EPOCHS, shuffle=False, verbose=0)
-    straight = _accum_model(run_eagerly=False, micro_batch_size=MICRO)
-    straight.fit(x, y, **kw)
-    backup = str(tmp / "backup")
-    interrupted, restored = [], []
-    for seed, at in ((0, (1, 1)), (4, (2, 0))):
-        model = _accum_model(seed=seed, run_eagerly=False, micro_batch_size=MICRO)
-        record: dict = {}
-        interrupted.append(_run_interrupted(lambda model=model, at=at, record=record: (
-            fit_resumable(model, x, y, backup_dir=backup, save_freq=1,
-                          callbacks=[_interrupt_at(*at), _state_probe(record)], **kw))))
-        restored.append(record)
-        with open(os.path.join(backup, "accumcore_backup.json")) as f:
-            restored.append(json.load(f))
-    record = {}
-    resumed = _accum_model(seed=5, run_eagerly=False, micro_batch_size=MICRO)
-    fit_resumable(resumed, x, y, backup_dir=backup, save_freq=1,
-                  callbacks=[_state_probe(record)], **kw)
-    restored.append(record)
-    return {
-        "runs": {"straight": _weights(straight), "resumed": _weights(resumed),
-                 "resumed_initial": _weights(_accum_model(seed=5, micro_batch_size=MICRO))},
-        "info": {"interrupted": interrupted, "restored": restored,
-                 "backup_deleted": not os.path.exists(backup),
-                 "straight_counters": straight.accumulation.counters(),
-                 "counters": resumed.accumulation.counters(),
-                 "straight_iterations": int(straight.optimizer.iterations.numpy()),
-                 "resumed_iterations": int(resumed.optimizer.iterations.numpy())},
-    }
+    straight, resumed, info = _two_crashes_then_resume(
+        tmp, MICRO * K, ((1, 1), (2, 0)), 1, micro_batch_size=MICRO)
+    return {"runs": {"straight": _weights(straight), "resumed": _weights(resumed),
+                     "resumed_initial": _weights(_accum_model(seed=5, micro_batch_size=MICRO))},
+            "info": info}
 
 
 def scenario_fit_keras_backup_int_replays(tmp: Path) -> dict:
