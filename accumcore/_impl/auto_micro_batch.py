@@ -1,5 +1,5 @@
 """``micro_batch_size="auto"``: the micro-batch found on the device by running the real step,
-and the same batch rerun with a smaller one whenever a step runs out of memory.
+and the same batches rerun with a smaller one whenever a step runs out of memory.
 
 At the first batch (of B samples) b is searched (``accumcore._impl.search.largest_fitting``,
 public as ``accumcore.memory.largest_fitting``, with ``descending=True``): one micro-batch's
@@ -7,21 +7,35 @@ forward and backward pass of the real model and loss on the batch's first b samp
 b = B, halved while it runs out of memory
 (``tf.errors.ResourceExhaustedError``, also raised by XLA), then bisected up between the
 largest size that fitted and the smallest that did not; the probes change nothing (the model's
-non-trainable variables are restored after each). Then the real step runs. Whenever a step
-raises the out-of-memory error (the first, or a later batch of longer sequences) the state from
-before the step is restored, b is halved (rounded up), the step is traced anew and the *same*
-batch runs again: its update is applied once, exactly, and no batch is skipped or applied
-twice. Below b = 1 the error is raised with every probe. Under a ``tf.distribute`` strategy
-there is no search: b starts at each replica's share of the batch and only halves.
+non-trainable variables are restored after each). Below b = 1 the error is raised with every
+probe. Under a ``tf.distribute`` strategy there is no search: b starts at each replica's share
+of the batch and only halves.
 
-A compiled step aborted by an error keeps the assignments that ran before it, so the retry
-starts from a copy taken before the step: the model's non-trainable variables (BatchNorm
-statistics, random-number states), the metrics' variables and the accumulation state's. The
-trainable variables and the optimizer change only in the window's one update, the step's last
-part: a step that fails after its update began is not retried (its error says so).
+Then the batches run as a fixed b's do: ``steps_per_execution`` batches of Keras's iterator
+per call of one compiled function, each through the model's ``train_step`` compiled as Keras
+compiles it (``jit_compile``). The batches of a call are taken from the iterator first, by a
+compiled call of their own, and kept (references, not copies) until the call returns; the
+compiled function counts the steps it completed in a variable and, at each step's start,
+copies the small values a step changes before its update (in the graph, a few scalars for a
+model without non-trainable weights): the model's non-trainable variables (BatchNorm
+statistics, random-number states; a frozen layer's weights too), the metrics' variables, the
+accumulation state's counters and the optimizer's ``iterations``.
 
-Each batch is fetched on the host and run by Keras's own train function, one batch per call
-(``steps_per_execution`` batches per fit step, in a Python loop).
+Whenever a step raises the out-of-memory error (the first batch, or a later batch of longer
+sequences), the steps before it in the call stay applied; the aborted step's values are
+restored from that copy and its window emptied (the window holds only this step's
+micro-batches: with ``micro_batch_size`` every window is one batch, so empty is what it was),
+b is halved (rounded up), the step is traced anew and the aborted batch and the call's later
+ones run again: every update is applied once, exactly, and no batch is skipped or applied
+twice. The trainable variables and the optimizer change only in the window's one update, the
+step's last part: a step that fails after its update began (``iterations`` moved) is not
+retried (its error says so). Nothing is copied or read on the host while nothing runs out of
+memory but the count of batches taken.
+
+A ``tf.distribute`` iterator, ``run_eagerly`` and a Python iterable take another way: each
+batch is fetched on the host and run by Keras's own train function, one batch per call (in a
+Python loop), after a copy of the same values (and the accumulation state's variables) taken
+before every step.
 """
 
 from __future__ import annotations
@@ -49,7 +63,8 @@ def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
     Args:
         model: the model (its ``accumulation`` state holds the b found).
         make: makes Keras's train function anew for the state's current b (``model``'s own
-            ``make_train_function(force=True)``, returning ``model.train_function``).
+            ``make_train_function(force=True)``, returning ``model.train_function``), for the
+            batch-per-call way (a distributed iterator, ``run_eagerly``, a Python iterable).
         probe: ``probe(batch, b)``, one micro-batch's forward and backward pass on the first b
             samples of ``batch`` (raises the out-of-memory error if it does not fit); ``None``:
             no search, b starts at the batch's size.
@@ -59,10 +74,15 @@ def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
         of ``iterator`` and returns the last step's logs; ``StopIteration`` when it is empty.
     """
     runner = _Runner(model, make, probe)
+    executions = _Executions(runner)
 
     def train_function(iterator: Any) -> Any:
+        count = int(getattr(model, "steps_per_execution", 1) or 1)
+        if (isinstance(iterator, tf.data.Iterator) and not model.run_eagerly
+                and not model.accumulation.replicas.distributed):
+            return executions.run(iterator, count)
         logs = None
-        for data in _batches(iterator, int(getattr(model, "steps_per_execution", 1) or 1)):
+        for data in _batches(iterator, count):
             logs = runner.run(data)
         if logs is None:
             raise StopIteration
@@ -85,10 +105,9 @@ class _Runner:
         self.reported = False
 
     def run(self, data: Any) -> Any:
+        """One batch, Keras's train function per call, a host copy before each try."""
         state = self.model.accumulation
-        if state.micro_batch_size == "auto":  # the first batch: search b
-            state.micro_batch_size = self._search(data)
-            self.function = None
+        self.search_once(data)
         while True:
             if self.function is None:
                 self.function = self.make()
@@ -98,19 +117,33 @@ class _Runner:
                 logs = self.function(iter([data]))
             except OUT_OF_MEMORY as err:
                 before.restore_or_raise(err)
-                self.probes.append((size, False))
-                if size <= 1:
-                    raise type(err)(err.node_def, err.op,
-                                    f"{_nothing_fits(self.probes)} {err.message}") from err
-                state.micro_batch_size = (size + 1) // 2
-                logger.warning(
-                    "micro_batch_size='auto': a step with micro-batches of %d samples ran out "
-                    "of memory; the same batch runs again with micro-batches of %d (its update "
-                    "is applied once).", size, state.micro_batch_size)
+                self.shrink(size, err)
                 self.function = None
                 continue
-            self._report(data, size)
+            self.report(data, size)
             return logs
+
+    def search_once(self, data: Any) -> bool:
+        """At the first batch, search b (returns whether it did)."""
+        state = self.model.accumulation
+        if state.micro_batch_size != "auto":
+            return False
+        state.micro_batch_size = self._search(data)
+        return True
+
+    def shrink(self, size: int, err: Exception) -> None:
+        """b halved after a step with micro-batches of ``size`` ran out of memory (``err``);
+        raises below one sample."""
+        self.probes.append((size, False))
+        if size <= 1:
+            raise type(err)(err.node_def, err.op,
+                            f"{_nothing_fits(self.probes)} {err.message}") from err
+        state = self.model.accumulation
+        state.micro_batch_size = (size + 1) // 2
+        logger.warning(
+            "micro_batch_size='auto': a step with micro-batches of %d samples ran out "
+            "of memory; the same batch runs again with micro-batches of %d (its update "
+            "is applied once).", size, state.micro_batch_size)
 
     def _search(self, data: Any) -> int:
         """The largest b that fits one micro-batch of ``data`` (at most its size)."""
@@ -135,7 +168,7 @@ class _Runner:
         finally:
             self.probes.extend(probes)
 
-    def _report(self, data: Any, size: int) -> None:
+    def report(self, data: Any, size: int) -> None:
         """Once, after the first batch that fitted: b, K and the probes."""
         if self.reported:
             return
@@ -151,6 +184,143 @@ class _Runner:
             self.probes,
             " -- no GPU, so nothing runs out of memory: each batch is one micro-batch, no "
             "split" if on_cpu and size >= samples else "")
+
+
+class _Executions:
+    """``steps_per_execution`` batches of a ``tf.data`` iterator per compiled call, as a fixed
+    b runs them; after an out-of-memory error the call's batches from the aborted one on run
+    again with b halved."""
+
+    def __init__(self, runner: _Runner) -> None:
+        self.runner = runner
+        self.model = runner.model
+        self.takers: dict[int, Callable] = {}  # batches per call -> compiled take
+        self.function: Callable | None = None  # the compiled steps, for the current b
+        self.kept = _Kept(self.model)
+        with tf.init_scope():
+            self.completed = tf.Variable(0, dtype=tf.int64, trainable=False,
+                                         name="auto_steps_completed")
+
+    def run(self, iterator: tf.data.Iterator, count: int) -> Any:
+        """Up to ``count`` batches of ``iterator``; the last step's logs."""
+        if count not in self.takers:
+            self.takers[count] = tf.function(_taker(count))
+        held, present = self.takers[count](iterator)
+        batches = held[:int(present)]
+        if not batches:
+            raise StopIteration
+        first = _value(batches[0].get_value()) if not self.runner.reported else None
+        if first is not None and self.runner.search_once(first):
+            self.function = None
+        state = self.model.accumulation
+        while True:
+            if self.function is None:
+                self.function = self._make()
+            size = state.micro_batch_size
+            try:
+                logs = self.function(tuple(batches))
+            except OUT_OF_MEMORY as err:
+                batches = batches[int(self.completed.numpy()):]
+                self.kept.restore_or_raise(err)
+                self.runner.shrink(size, err)
+                self.function = None
+                continue
+            if first is not None:
+                self.runner.report(first, size)
+            return logs
+
+    def _make(self) -> Callable:
+        """The compiled steps over kept batches, for the state's current b: each step is the
+        model's ``train_step`` run by its strategy, compiled as Keras compiles it."""
+        model = self.model
+
+        def one_step(data: Any) -> Any:
+            return model.distribute_strategy.run(model.train_step, args=(data,))
+
+        step = tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
+
+        def steps(held: tuple) -> Any:
+            self.completed.assign(0)
+            logs = None
+            for i, optional in enumerate(held):
+                data = _value(optional.get_value())
+                if i == 0:  # trace the step first: a first trace may build variables
+                    step.get_concrete_function(data)
+                self.kept.save()
+                logs = step(data)
+                outputs = [t for t in tf.nest.flatten(logs) if tf.is_tensor(t)]
+                with tf.control_dependencies(outputs):  # after the step's last op
+                    self.completed.assign_add(1)
+            return logs
+
+        return tf.function(steps, reduce_retracing=True)
+
+
+def _taker(count: int) -> Callable:
+    """``take(iterator) -> (optionals, present)``: ``count`` batches taken from ``iterator``
+    (``tf.experimental.Optional`` s, empty past its end) and how many hold one."""
+
+    def take(iterator: tf.data.Iterator) -> tuple:
+        held = tuple(iterator.get_next_as_optional() for _ in range(count))
+        present = tf.add_n([tf.cast(o.has_value(), tf.int32) for o in held])
+        return held, present
+
+    return take
+
+
+def _value(data: Any) -> Any:
+    """A batch as Keras's step gets it: an empty ``tf.experimental.Optional`` in it (what
+    Keras's datasets hold for a missing part) as ``None``."""
+    return tf.nest.map_structure(
+        lambda part: None if isinstance(part, tf.experimental.Optional) else part, data)
+
+
+class _Kept:
+    """The values a step may change before its update, copied in the graph at each step's
+    start into variables of their own (:meth:`save`), restored after an aborted step."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+        self.pairs: list[tuple[Any, tf.Variable]] = []
+        self.known: set[int] = set()
+
+    def _watched(self) -> list:
+        model, state = self.model, self.model.accumulation
+        window = {id(v) for v in (*state.accumulators, *state.undivided_accumulators)}
+        watched = [v for v in model.variables if not v.trainable]
+        watched += list(getattr(model, "metrics_variables", []))
+        watched += [v for v in state.variables_for_saving() if id(v) not in window]
+        return [*watched, model.optimizer.iterations]
+
+    def save(self) -> None:
+        """Copy every watched value (in a graph: at this point of its program order)."""
+        for variable in self._watched():
+            if id(variable) not in self.known:
+                self.known.add(id(variable))
+                with tf.init_scope():
+                    copy = tf.Variable(tf.zeros_like(variable), trainable=False)
+                self.pairs.append((variable, copy))
+        for variable, copy in self.pairs:
+            copy.assign(variable)
+
+    def restore_or_raise(self, err: Exception) -> None:
+        """Every value as at the aborted step's start and its window emptied, or raise if its
+        update had begun or its window held an earlier micro-batch."""
+        state = self.model.accumulation
+        iterations = self.model.optimizer.iterations
+        started = next(copy for variable, copy in self.pairs if variable is iterations)
+        if int(iterations.numpy()) != int(started.numpy()):
+            raise type(err)(err.node_def, err.op, (
+                "The step ran out of memory after its optimizer update began, so it cannot "
+                f"be rerun exactly: {err.message}")) from err
+        for variable, copy in self.pairs:
+            variable.assign(copy)
+        if state.pending_micro_batches():
+            raise type(err)(err.node_def, err.op, (
+                "The step ran out of memory with a window pending from before it, so it "
+                f"cannot be rerun exactly: {err.message}")) from err
+        for accumulator in (*state.accumulators, *state.undivided_accumulators):
+            accumulator.assign(tf.zeros(accumulator.shape, accumulator.dtype))
 
 
 class _Snapshot:
