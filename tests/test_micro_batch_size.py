@@ -183,13 +183,16 @@ def test_accum_model_takes_it_and_its_config_round_trips(data):
 # ---------------------------------------------------------------------- "auto", out of memory
 class _Limit(keras.layers.Layer):
     """Identity that "runs out of memory" (``MemoryError`` in a ``py_function``) on more than
-    ``LIMIT["samples"]`` samples at once."""
+    ``LIMIT["samples"]`` samples at once, from its call number ``LIMIT["after"] + 1`` on (calls
+    counted in ``CALLS``, as they run: one per micro-batch's forward pass, probes included)."""
 
-    LIMIT = {"samples": 10**9}
+    LIMIT = {"samples": 10**9, "after": 0}
+    CALLS = [0]
 
     def call(self, x):
         def check(t):
-            if t.shape[0] > self.LIMIT["samples"]:
+            self.CALLS[0] += 1
+            if self.CALLS[0] > self.LIMIT["after"] and t.shape[0] > self.LIMIT["samples"]:
                 raise MemoryError(f"injected: {t.shape[0]} samples")
             return t
 
@@ -208,8 +211,9 @@ def _limited_mlp(seed: int = 0) -> keras.Model:
 
 @pytest.fixture
 def limit():
+    _Limit.CALLS[0] = 0
     yield _Limit.LIMIT
-    _Limit.LIMIT["samples"] = 10**9
+    _Limit.LIMIT.update(samples=10**9, after=0)
 
 
 def test_auto_finds_the_largest_micro_batch_that_fits_and_reports_it(data, limit, caplog):
@@ -263,6 +267,76 @@ def test_out_of_memory_in_epoch_two_reruns_the_same_batch_exactly(data, limit):
     assert model.accumulation.micro_batch_size == 2  # 16 -> 8 -> 4 -> 2
     np.testing.assert_allclose(histories[1]["loss"], histories[0]["loss"], rtol=1e-5)
     assert histories[1]["accuracy"] == histories[0]["accuracy"]
+
+
+def _limited_embedding(seed: int = 0) -> keras.Model:
+    """Tokens (5 of 7) through an ``Embedding`` and the out-of-memory layer."""
+    keras.utils.set_random_seed(seed)
+    tokens = keras.Input((5,), dtype="int32")
+    hidden = keras.layers.Dense(16, activation="tanh")(
+        keras.layers.Flatten()(keras.layers.Embedding(7, 4)(tokens)))
+    return keras.Model(tokens, keras.layers.Dense(3, activation="softmax")(_Limit()(hidden)))
+
+
+def _tokens(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(5)
+    return (rng.integers(0, 7, size=(n, 5)).astype("int32"),
+            rng.integers(0, 3, size=n).astype("int32"))
+
+
+#: Where the out-of-memory error comes (``LIMIT["after"]``: the layer's calls that pass
+#: first): 40 batches of 16 per epoch, ``steps_per_execution`` 32 (calls of 32 and 8 batches);
+#: call 1 is the search's probe at b = 16, then one call per batch until the first error.
+OOM_AT = {"first_step": 1, "mid_execution": 1 + 10, "later_epoch": 1 + 40 + 36}
+
+
+@pytest.mark.parametrize("where", list(OOM_AT))
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
+def test_out_of_memory_inside_an_execution_of_many_steps_reruns_exactly(kind, where, limit):
+    """``steps_per_execution=32``: an error at the first step, at the 11th of a call, or in the
+    second epoch's last call (its 5th step). The steps before it stay applied, the aborted
+    batch and the call's later ones run again with b halved (16 -> 8 -> 4): the updates equal
+    plain Keras at B from the same initial weights (``REL_TOL``), one per batch (80: none
+    skipped or applied twice, every sample counted once), and the logged loss and accuracy
+    equal the same run without the error (the aborted step's metric updates undone)."""
+    n, epochs = 16 * 40, 2
+    make_model, make_opt = ((_limited_mlp, adam) if kind == "mlp" else
+                            (_limited_embedding, lambda: keras.optimizers.SGD(0.1)))
+    x, y = make_data(n) if kind == "mlp" else _tokens(n)
+    initial, ref = reference_weights(make_opt, x, y, None, windows=_batches(n, B) * epochs,
+                                     make_model=make_model)
+    histories = []
+    for samples in (10**9, 5):
+        _Limit.CALLS[0] = 0
+        limit.update(samples=samples, after=OOM_AT[where])
+        model = make_model()
+        model.compile(make_opt(), LOSS, metrics=["accuracy"], steps_per_execution=32)
+        ac.accumulate(model, micro_batch_size="auto")
+        histories.append(model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False,
+                                   verbose=0).history)
+        assert int(model.optimizer.iterations.numpy()) == 40 * epochs
+        counters = model.accumulation.counters()
+        assert counters["windows_applied"] == 40 * epochs
+        assert counters["samples_seen"] == n * epochs
+        assert_matches_reference(model, initial, ref)
+    assert model.accumulation.micro_batch_size == 4
+    np.testing.assert_allclose(histories[1]["loss"], histories[0]["loss"], rtol=1e-5)
+    np.testing.assert_allclose(histories[1]["accuracy"], histories[0]["accuracy"], rtol=1e-6)
+
+
+def test_out_of_memory_in_epoch_two_with_several_steps_per_call(data, limit):
+    """The epoch-two error at the first step of a call of 2 (40 samples: calls of batches
+    16 + 16, then 8): the same updates as the large batch, 6 in all."""
+    x, y = data
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B) * 2,
+                                     make_model=_limited_mlp)
+    model = _limited_mlp()
+    model.compile(adam(), LOSS, steps_per_execution=2)
+    ac.accumulate(model, micro_batch_size="auto")
+    model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[_Tighten()])
+    assert int(model.optimizer.iterations.numpy()) == 6
+    assert model.accumulation.micro_batch_size == 2
+    assert_matches_reference(model, initial, ref)
 
 
 def test_nothing_fits_raises_with_the_probes(data, limit):
