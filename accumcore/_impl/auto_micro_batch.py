@@ -78,8 +78,8 @@ def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
 
     def train_function(iterator: Any) -> Any:
         count = int(getattr(model, "steps_per_execution", 1) or 1)
-        if (isinstance(iterator, tf.data.Iterator) and not model.run_eagerly
-                and not model.accumulation.replicas.distributed):
+        if (isinstance(iterator, tf.data.Iterator) and _dense(iterator.element_spec)
+                and not model.run_eagerly and not model.accumulation.replicas.distributed):
             return executions.run(iterator, count)
         logs = None
         for data in _batches(iterator, count):
@@ -187,92 +187,140 @@ class _Runner:
 
 
 class _Executions:
-    """``steps_per_execution`` batches of a ``tf.data`` iterator per compiled call, as a fixed
-    b runs them; after an out-of-memory error the call's batches from the aborted one on run
-    again with b halved."""
+    """``steps_per_execution`` batches of a ``tf.data`` iterator per compiled call, read in the
+    graph as a fixed b reads them; after an out-of-memory error the aborted batch (kept in
+    :class:`_Held`) runs again with b halved, then the call's later batches."""
 
     def __init__(self, runner: _Runner) -> None:
         self.runner = runner
         self.model = runner.model
-        self.takers: dict[int, Callable] = {}  # batches per call -> compiled take
-        self.function: Callable | None = None  # the compiled steps, for the current b
         self.kept = _Kept(self.model)
-        with tf.init_scope():
-            self.completed = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                         name="auto_steps_completed")
+        self.held: _Held | None = None
+        self.functions: tuple[Callable, Callable] | None = None  # (one, loop) for the b
 
     def run(self, iterator: tf.data.Iterator, count: int) -> Any:
         """Up to ``count`` batches of ``iterator``; the last step's logs."""
-        if count not in self.takers:
-            self.takers[count] = tf.function(_taker(count))
-        held, present = self.takers[count](iterator)
-        batches = held[:int(present)]
-        if not batches:
+        spec = iterator.element_spec
+        if self.held is None or self.held.spec != spec:
+            self.held, self.functions = _Held(spec), None
+        pending, remaining, first = None, count, None
+        if not self.runner.reported:  # the first batch: search b on it, on the host
+            optional = iterator.get_next_as_optional()
+            if not optional.has_value():
+                raise StopIteration
+            pending = first = optional.get_value()
+            remaining -= 1
+            if self.runner.search_once(first):
+                self.functions = None
+        logs = self._run(iterator, pending, remaining)
+        if logs is None:
             raise StopIteration
-        first = _value(batches[0].get_value()) if not self.runner.reported else None
-        if first is not None and self.runner.search_once(first):
-            self.function = None
-        state = self.model.accumulation
+        if first is not None:
+            self.runner.report(first, self.model.accumulation.micro_batch_size)
+        return logs
+
+    def _run(self, iterator: tf.data.Iterator, pending: Any, remaining: int) -> Any:
+        """``pending`` (a batch, or ``None``), then up to ``remaining`` batches of
+        ``iterator``, b halved and the aborted batch rerun while a step runs out of memory."""
+        logs = None
         while True:
-            if self.function is None:
-                self.function = self._make()
-            size = state.micro_batch_size
+            if self.functions is None:
+                self.functions = self._make()
+            one, loop = self.functions
+            size = self.model.accumulation.micro_batch_size
             try:
-                logs = self.function(tuple(batches))
+                if pending is not None:
+                    logs, pending = one(pending), None
+                if remaining:
+                    out, ran = loop(iterator, tf.constant(remaining, tf.int64))
+                    logs, remaining = (out if int(ran) else logs), 0
+                return logs
             except OUT_OF_MEMORY as err:
-                batches = batches[int(self.completed.numpy()):]
+                if pending is None:  # a step of the loop: its batch is held
+                    remaining -= int(self.held.completed.numpy()) + 1
+                    pending = self.held.value()
                 self.kept.restore_or_raise(err)
                 self.runner.shrink(size, err)
-                self.function = None
-                continue
-            if first is not None:
-                self.runner.report(first, size)
-            return logs
+                self.functions = None
 
-    def _make(self) -> Callable:
-        """The compiled steps over kept batches, for the state's current b: each step is the
-        model's ``train_step`` run by its strategy, compiled as Keras compiles it."""
-        model = self.model
+    def _make(self) -> tuple[Callable, Callable]:
+        """``one(batch)`` and ``loop(iterator, remaining)`` for the state's current b: each
+        step is the model's ``train_step`` run by its strategy, compiled as Keras compiles it;
+        ``loop`` reads each batch in the graph into :class:`_Held` first."""
+        model, held, kept = self.model, self.held, self.kept
 
         def one_step(data: Any) -> Any:
             return model.distribute_strategy.run(model.train_step, args=(data,))
 
         step = tf.function(one_step, reduce_retracing=True, jit_compile=model.jit_compile)
 
-        def steps(held: tuple) -> Any:
-            self.completed.assign(0)
-            logs = None
-            for i, optional in enumerate(held):
-                data = _value(optional.get_value())
-                if i == 0:  # trace the step first: a first trace may build variables
-                    step.get_concrete_function(data)
-                self.kept.save()
-                logs = step(data)
-                outputs = [t for t in tf.nest.flatten(logs) if tf.is_tensor(t)]
-                with tf.control_dependencies(outputs):  # after the step's last op
-                    self.completed.assign_add(1)
+        def counted_step(data: Any) -> Any:
+            step.get_concrete_function(data)  # traced first: a first trace builds variables
+            kept.save()
+            logs = step(data)
+            outputs = [t for t in tf.nest.flatten(logs) if tf.is_tensor(t)]
+            with tf.control_dependencies(outputs):  # after the step's last op
+                held.completed.assign_add(1)
             return logs
 
-        return tf.function(steps, reduce_retracing=True)
+        def loop(iterator: tf.data.Iterator, remaining: tf.Tensor) -> tuple:
+            logs = _zeros_like(step.get_concrete_function(held.spec).structured_outputs)
+            kept.save()  # traced before the loop: the copies exist before its body uses them
+            held.completed.assign(0)
+
+            def body(ran: tf.Tensor, logs: Any) -> tuple:
+                optional = iterator.get_next_as_optional()
+                return tf.cond(optional.has_value(),
+                               lambda: (ran + 1, counted_step(held.hold(optional.get_value()))),
+                               lambda: (remaining, logs))
+
+            # one iteration at a time: the next batch is held only once this step is done
+            ran, logs = tf.while_loop(lambda ran, _: ran < remaining, body,
+                                      (tf.constant(0, tf.int64), logs), parallel_iterations=1)
+            return logs, held.completed.read_value()
+
+        return tf.function(counted_step, reduce_retracing=True), tf.function(loop)
 
 
-def _taker(count: int) -> Callable:
-    """``take(iterator) -> (optionals, present)``: ``count`` batches taken from ``iterator``
-    (``tf.experimental.Optional`` s, empty past its end) and how many hold one."""
+class _Held:
+    """The batch the running step reads, kept in variables of its own (one per tensor of the
+    dataset's element ``spec``, any shape): written as the loop reads it from the iterator,
+    where an aborted step's batch stays for its rerun. ``completed``: the steps the current
+    call completed (int64)."""
 
-    def take(iterator: tf.data.Iterator) -> tuple:
-        held = tuple(iterator.get_next_as_optional() for _ in range(count))
-        present = tf.add_n([tf.cast(o.has_value(), tf.int32) for o in held])
-        return held, present
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        with tf.init_scope():
+            self.variables = [tf.Variable(tf.zeros([0] * len(s.shape), s.dtype),
+                                          shape=tf.TensorShape(None), trainable=False)
+                              for s in tf.nest.flatten(spec)]
+            self.completed = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-    return take
+    def hold(self, batch: Any) -> Any:
+        """Keep ``batch`` (the variable takes the tensor's buffer where nothing else reads
+        it); returns it read back, with its static shapes."""
+        values = []
+        for variable, tensor in zip(self.variables, tf.nest.flatten(batch), strict=True):
+            variable.assign(tensor)
+            value = variable.read_value()
+            value.set_shape(tensor.shape)
+            values.append(value)
+        return tf.nest.pack_sequence_as(self.spec, values)
+
+    def value(self) -> Any:
+        """The batch held (eagerly: after a step was aborted)."""
+        return tf.nest.pack_sequence_as(self.spec, [v.read_value() for v in self.variables])
 
 
-def _value(data: Any) -> Any:
-    """A batch as Keras's step gets it: an empty ``tf.experimental.Optional`` in it (what
-    Keras's datasets hold for a missing part) as ``None``."""
-    return tf.nest.map_structure(
-        lambda part: None if isinstance(part, tf.experimental.Optional) else part, data)
+def _zeros_like(outputs: Any) -> Any:
+    """Zeros of the shapes and dtypes of a traced step's outputs (a loop's initial logs)."""
+    return tf.nest.map_structure(lambda t: tf.zeros(t.shape, t.dtype), outputs)
+
+
+def _dense(spec: Any) -> bool:
+    """Whether a dataset's element spec is dense tensors only (no ``None`` part kept as an
+    ``Optional``, no ragged or sparse tensor)."""
+    return all(type(s) is tf.TensorSpec for s in tf.nest.flatten(spec))
 
 
 class _Kept:
