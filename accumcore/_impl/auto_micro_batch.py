@@ -12,30 +12,34 @@ probe. Under a ``tf.distribute`` strategy there is no search: b starts at each r
 of the batch and only halves.
 
 Then the batches run as a fixed b's do: ``steps_per_execution`` batches of Keras's iterator
-per call of one compiled function, each through the model's ``train_step`` compiled as Keras
-compiles it (``jit_compile``). The batches of a call are taken from the iterator first, by a
-compiled call of their own, and kept (references, not copies) until the call returns; the
-compiled function counts the steps it completed in a variable and, at each step's start,
-copies the small values a step changes before its update (in the graph, a few scalars for a
-model without non-trainable weights): the model's non-trainable variables (BatchNorm
-statistics, random-number states; a frozen layer's weights too), the metrics' variables, the
-accumulation state's counters and the optimizer's ``iterations``.
+per call of one compiled function, read in the graph in a ``tf.while_loop`` as Keras reads
+them, each through the model's ``train_step`` compiled as Keras compiles it (``jit_compile``).
+Three things are added to each step, in the graph: the batch is first written to variables of
+its own and read back from them (:class:`_Held`: TensorFlow's assignment takes over the
+batch's buffer where nothing else holds it, else copies it on its device), the small values a step changes before its update are
+copied (:class:`_Kept`: the model's non-trainable variables -- BatchNorm statistics,
+random-number states, and a frozen layer's weights too --, the metrics' variables, the
+accumulation state's counters and the optimizer's ``iterations``: a few scalars for a model
+without non-trainable weights) and, once the step is done, a count of the call's completed
+steps goes up. Nothing is read on the host but what Keras's own train function reads.
 
 Whenever a step raises the out-of-memory error (the first batch, or a later batch of longer
-sequences), the steps before it in the call stay applied; the aborted step's values are
-restored from that copy and its window emptied (the window holds only this step's
-micro-batches: with ``micro_batch_size`` every window is one batch, so empty is what it was),
-b is halved (rounded up), the step is traced anew and the aborted batch and the call's later
-ones run again: every update is applied once, exactly, and no batch is skipped or applied
-twice. The trainable variables and the optimizer change only in the window's one update, the
-step's last part: a step that fails after its update began (``iterations`` moved) is not
-retried (its error says so). Nothing is copied or read on the host while nothing runs out of
-memory but the count of batches taken.
+sequences), the call's steps before it stay applied; the aborted step's values are restored
+from the copy and its window emptied (with ``micro_batch_size`` every window is one batch, so
+the window held only this step's micro-batches; a window pending from before it is an error),
+b is halved (rounded up), the step is traced anew, the held batch runs again, then the call's
+remaining batches, still in the iterator: every update is applied once, exactly, no batch is
+skipped or applied twice, and the logged metrics are those of the run without the error (to
+float round-off: the loss is summed over other micro-batches). The
+trainable variables and the optimizer change only in the window's one update, the step's last
+part: a step that fails after its update began (``iterations`` moved) is not retried (its error
+says so). The first batch the model trains on is read on the host (b is searched on it) and
+run by the same compiled step before the loop.
 
-A ``tf.distribute`` iterator, ``run_eagerly`` and a Python iterable take another way: each
-batch is fetched on the host and run by Keras's own train function, one batch per call (in a
-Python loop), after a copy of the same values (and the accumulation state's variables) taken
-before every step.
+A ``tf.distribute`` iterator, ``run_eagerly``, a dataset with parts other than dense tensors
+(ragged, sparse, ``None``) and a Python iterable take another way: each batch is fetched on
+the host and run by Keras's own train function, one batch per call (in a Python loop), after a
+copy of the same values (and the accumulation state's variables) taken before every step.
 """
 
 from __future__ import annotations
@@ -297,8 +301,8 @@ class _Held:
             self.completed = tf.Variable(0, dtype=tf.int64, trainable=False)
 
     def hold(self, batch: Any) -> Any:
-        """Keep ``batch`` (the variable takes the tensor's buffer where nothing else reads
-        it); returns it read back, with its static shapes."""
+        """Keep ``batch`` (the assignment takes over each tensor's buffer where nothing else
+        holds it, else copies it); returns it read back, with its static shapes."""
         values = []
         for variable, tensor in zip(self.variables, tf.nest.flatten(batch), strict=True):
             variable.assign(tensor)
