@@ -16,8 +16,9 @@ per call of one compiled function, read in the graph in a ``tf.while_loop`` as K
 them, each through the model's ``train_step`` compiled as Keras compiles it (``jit_compile``).
 Three things are added to each step, in the graph: the batch is first written to variables of
 its own and read back from them (:class:`_Held`: TensorFlow's assignment takes over the
-batch's buffer where nothing else holds it, else copies it on its device), the small values a step changes before its update are
-copied (:class:`_Kept`: the model's non-trainable variables -- BatchNorm statistics,
+batch's buffer where nothing else holds it, else copies it on its device), the small values a
+step changes before its update are copied (:class:`_Kept`: the model's non-trainable
+variables -- BatchNorm statistics,
 random-number states, and a frozen layer's weights too --, the metrics' variables, the
 accumulation state's counters and the optimizer's ``iterations``: a few scalars for a model
 without non-trainable weights) and, once the step is done, a count of the call's completed

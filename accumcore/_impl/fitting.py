@@ -470,7 +470,8 @@ def make_train_function(model: keras.Model, base: Callable, force: bool = False)
     if force or getattr(model, "train_function", None) is None:
         retrying = None
 
-        def make() -> Callable:  # Keras's train function for the b found, ours kept in place
+        def make() -> Callable:  # Keras's train function for the b found (the batch-per-call
+            # way: a distributed iterator, run_eagerly), ours kept in place
             base(True)
             inner, model.train_function = model.train_function, retrying
             return inner
