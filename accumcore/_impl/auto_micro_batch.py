@@ -11,16 +11,15 @@ non-trainable variables are restored after each). Below b = 1 the error is raise
 probe. Under a ``tf.distribute`` strategy there is no search: b starts at each replica's share
 of the batch and only halves.
 
-Then the batches run as a fixed b's do: ``steps_per_execution`` batches of Keras's iterator
-per call of one compiled function, read in the graph in a ``tf.while_loop`` as Keras reads
-them, each through the model's ``train_step`` compiled as Keras compiles it (``jit_compile``).
-Three things are added to each step, in the graph: the batch is first written to variables of
-its own and read back from them (:class:`_Held`: TensorFlow's assignment takes over the
-batch's buffer where nothing else holds it, else copies it on its device), the small values a
-step changes before its update are copied (:class:`_Kept`: the model's non-trainable
-variables -- BatchNorm statistics,
-random-number states, and a frozen layer's weights too --, the metrics' variables, the
-accumulation state's counters and the optimizer's ``iterations``: a few scalars for a model
+Then the batches run as a fixed b's do: ``steps_per_execution`` batches of Keras's iterator per
+call of one compiled function, read in the graph in a ``tf.while_loop`` as Keras reads them,
+each through the model's ``train_step`` compiled as Keras compiles it (``jit_compile``). Three
+things are added to each step, in the graph: the batch is first written to variables of its own
+and read back from them (:class:`_Held`: TensorFlow's assignment takes over the batch's buffer
+where nothing else holds it, else copies it on its device), the small values a step changes
+before its update are copied (:class:`_Kept`: the model's non-trainable variables -- BatchNorm
+statistics, random-number states, and a frozen layer's weights too --, the metrics' variables,
+the accumulation state's counters and the optimizer's ``iterations``: a few scalars for a model
 without non-trainable weights) and, once the step is done, a count of the call's completed
 steps goes up. Nothing is read on the host but what Keras's own train function reads.
 
