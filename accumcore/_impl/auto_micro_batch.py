@@ -44,6 +44,7 @@ copy of the same values (and the accumulation state's variables) taken before ev
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -236,7 +237,7 @@ class _Executions:
                 if pending is not None:
                     logs, pending = one(pending), None
                 if remaining:
-                    out, ran = loop(iterator, tf.constant(remaining, tf.int64))
+                    out, ran = loop(iterator, _count(remaining))
                     logs, remaining = (out if int(ran) else logs), 0
                 return logs
             except OUT_OF_MEMORY as err:
@@ -314,6 +315,13 @@ class _Held:
     def value(self) -> Any:
         """The batch held (eagerly: after a step was aborted)."""
         return tf.nest.pack_sequence_as(self.spec, [v.read_value() for v in self.variables])
+
+
+@functools.lru_cache(maxsize=64)
+def _count(steps: int) -> tf.Tensor:
+    """``steps`` as an int64 scalar tensor, made once per value (not an eager op per call)."""
+    with tf.init_scope():
+        return tf.constant(steps, tf.int64)
 
 
 def _zeros_like(outputs: Any) -> Any:
