@@ -40,8 +40,11 @@ The fifth rule: a glued number the prose quotes (``{glue:text}`key:fmt```, a val
 code computed) must also be printed by a visible output of the page, so that the reader sees
 where it came from (a range quoted in a sentence and shown only in a figure was found by a
 reader): ``unprinted_glue`` accepts a printed number that formats to the quoted text, or lies
-within the rounding of a printed one (0.6 %). It needs the executed pages (the values are in
-their outputs); ``GLUE_PRINT_PENDING`` lists pages that are being rewritten.
+within the rounding of a printed one (0.6 %). It needs the executed pages: the values are in
+their outputs, or, in a Jupyter Book build (myst-nb removes glue outputs from the notebooks it
+writes), in ``<page>.glue.json`` beside them (``read_executed``); a quoted key with no value
+found either way fails (``unrecorded_glue``). ``GLUE_PRINT_PENDING`` lists pages that are being
+rewritten.
 
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
 and one per uncomputed comparison)
@@ -546,6 +549,8 @@ FILE_GLUE_PENDING: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------- glued numbers
+#: myst-nb's (and papermill's) prefix of a glued value's hidden display keys.
+GLUE_PREFIX = "application/papermill.record/"
 _GLUE_ROLE = re.compile(r"\{glue:text\}`(\w+)(?::([^`]*))?`")
 _PRINTED_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", re.I)
 #: A printed number within this relative distance of a glued one shows it (a value printed
@@ -651,6 +656,51 @@ def executed_page_problems(stem: str, notebook: dict) -> list[str]:
     return problems
 
 
+def with_build_glue(notebook: dict, glue: dict) -> dict:
+    """``notebook`` with the glue records of a Jupyter Book build put back.
+
+    myst-nb takes every glue output out of the executed notebook it writes to
+    ``_build/jupyter_execute`` (and drops the ``remove-cell`` cells that made them); it keeps
+    the values beside it, in ``<page>.glue.json`` (key -> the output, its mime prefix removed).
+    This adds them back as one removed cell of records, as the kernel wrote them, so that the
+    rules reading glue records (unprinted glue, markup in glue, glued known contradictions)
+    see a build's values.
+    """
+    records = []
+    for key, output in glue.items():
+        data = {GLUE_PREFIX + mime: value for mime, value in output.get("data", {}).items()}
+        records.append({"output_type": "display_data", "data": data,
+                        "metadata": {"scrapbook": {"name": key, "mime_prefix": GLUE_PREFIX}}})
+    cell = {"cell_type": "code", "source": "", "metadata": {"tags": ["remove-cell"]},
+            "outputs": records}
+    return {**notebook, "cells": [*notebook["cells"], cell]}
+
+
+def unrecorded_glue(notebook: dict) -> list[str]:
+    """The glue keys an executed page's prose quotes with no value recorded for the check (in
+    its outputs or in the build's ``.glue.json``): the check cannot see what such a key
+    shows, so it fails rather than pass blind."""
+    recorded = set(_glued_values(notebook))
+    problems = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for key, _ in _GLUE_ROLE.findall("".join(cell["source"])):
+            problem = f"glue {key!r} quoted, but no value of it recorded for this check"
+            if key not in recorded and problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+def read_executed(path: pathlib.Path) -> dict:
+    """An executed page, with the glue values its build kept beside it, if any."""
+    notebook = json.loads(path.read_text(encoding="utf-8"))
+    glue_path = path.with_name(path.stem + ".glue.json")
+    if glue_path.exists():
+        notebook = with_build_glue(notebook, json.loads(glue_path.read_text(encoding="utf-8")))
+    return notebook
+
+
 def page_problems(stem: str, notebook: dict) -> list[str]:
     """The fourth rule's problems of one page (sources or executed)."""
     from_files = glued_from_files(notebook, ALLOWED_FILE_GLUE.get(stem, {}))
@@ -668,7 +718,7 @@ def main(argv: list[str]) -> int:
         return 1
     failures, compared = [], []
     for path in notebooks:
-        notebook = json.loads(path.read_text(encoding="utf-8"))
+        notebook = read_executed(path)
         for number in unshown_numbers(notebook, ALLOWED.get(path.stem, {})):
             failures.append(f"{path.stem}: '{number}' in the prose, shown by no output")
         for problem in uncomputed_comparisons(notebook, ALLOWED_COMPARISONS.get(path.stem, {})):
@@ -676,7 +726,7 @@ def main(argv: list[str]) -> int:
         for problem in known_contradictions(path.stem, notebook):
             compared.append(f"{path.stem}: {problem}")
         for problem in page_problems(path.stem, notebook) + executed_page_problems(
-                path.stem, notebook):
+                path.stem, notebook) + unrecorded_glue(notebook):
             compared.append(f"{path.stem}: {problem}")
     for line in failures + compared:
         print(line)

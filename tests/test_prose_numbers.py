@@ -118,7 +118,8 @@ def test_main_fails_on_an_uncomputed_comparison(tmp_path, capsys):
     assert checker.main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "page: 'better' in: Batch 16 did better." in out and "1 uncomputed comparisons" in out
-    (tmp_path / "page.ipynb").write_text(json.dumps(_page("Batch 16 {glue:text}`verdict`.")))
+    glued = _glued_page("Batch 16 {glue:text}`verdict`.", "x", {"verdict": "did as well"})
+    (tmp_path / "page.ipynb").write_text(json.dumps(glued))
     assert checker.main([str(tmp_path)]) == 0
 
 
@@ -408,3 +409,46 @@ def test_glued_text_with_markup_fails_and_plain_text_passes():
         "glued text 'b_how' holds markup readers see as is: 'given as `b=4`'"]
     plain = _glued_page("b was {glue:text}`b_how`.", "b 4\n", {"b_how": "given as b=4"})
     assert checker.markup_in_glue(plain) == []
+
+
+def _build_page(tmp_path: Path, markdown: str, printed: str, glued: dict) -> None:
+    """A page as a Jupyter Book build leaves it: myst-nb writes the executed notebook without
+    its glue outputs (and without the removed cells) and the values to ``page.glue.json``."""
+    page = {"cells": [
+        {"cell_type": "code", "source": "", "metadata": {},
+         "outputs": [{"output_type": "stream", "text": printed}]},
+        {"cell_type": "markdown", "source": markdown, "metadata": {}}]}
+    (tmp_path / "page.ipynb").write_text(json.dumps(page))
+    glue = {key: {"output_type": "display_data", "data": {"text/plain": repr(value)},
+                  "metadata": {"scrapbook": {"name": key,
+                                             "mime_prefix": checker.GLUE_PREFIX}}}
+            for key, value in glued.items()}
+    (tmp_path / "page.glue.json").write_text(json.dumps(glue))
+
+
+def test_a_build_s_glue_file_is_read_an_unprinted_glue_fails(tmp_path, capsys):
+    _build_page(tmp_path, "The loss was {glue:text}`last:.2f` at the end.", "x\n", {"last": 1.4203})
+    assert checker.main([str(tmp_path)]) == 1
+    assert "page: glued number printed by no output: last = 1.42" in capsys.readouterr().out
+
+
+def test_a_build_s_glue_file_with_the_number_printed_passes(tmp_path, capsys):
+    _build_page(tmp_path, "The loss was {glue:text}`last:.2f` at the end.", "loss 1.420\n",
+                {"last": 1.4203})
+    assert checker.main([str(tmp_path)]) == 0, capsys.readouterr().out
+
+
+def test_a_build_s_glued_markup_and_known_contradiction_fail(tmp_path, capsys):
+    _build_page(tmp_path, "b was {glue:text}`b_how`; {glue:text}`why`.", "b 4\n",
+                {"b_how": "given as `b=4`", "why": "the library's tests check it"})
+    assert checker.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "glued text 'b_how' holds markup" in out
+    assert "known contradiction returned: \"library's tests\"" in out
+
+
+def test_a_quoted_glue_with_no_recorded_value_fails(tmp_path, capsys):
+    """Without the glue file (or records) the glue rules would see nothing and pass blind."""
+    _build_page(tmp_path, "The loss was {glue:text}`last:.2f` at the end.", "loss 1.420\n", {})
+    assert checker.main([str(tmp_path)]) == 1
+    assert "glue 'last' quoted, but no value of it recorded" in capsys.readouterr().out
