@@ -64,7 +64,6 @@ ALLOWED: dict[str, dict[str, str]] = {
     "07_memory_speed": {
         "95": "the confidence level of the paired ratios' interval (a definition)",
     },
-    "06b_gaps": {"0.99": "keras.layers.BatchNormalization's default momentum (a constant)"},
     "05_lr_sweeps": {
         "0.5": "one grid step of sqrt(10) in log10 (exercise 3's worked answer)",
         "0.45": "exercise 3's worked arithmetic",
@@ -476,12 +475,7 @@ def missing_sections(notebook: dict) -> list[str]:
 FILE_READERS = {"open", "load", "loads", "read_text", "read_bytes", "read_csv", "read_json",
                 "urlopen"}
 #: page (notebook stem) -> {glue name: why it may be glued from a file}.
-ALLOWED_FILE_GLUE: dict[str, dict[str, str]] = {
-    "guide_colab_gpu": {
-        "gpu_measured": "says whether a GPU run is committed to the repository (quotes its "
-                        "date, no measurement)",
-    },
-}
+ALLOWED_FILE_GLUE: dict[str, dict[str, str]] = {}
 
 
 def _called_name(call: ast.Call) -> str:
