@@ -384,6 +384,15 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
     "*": {
         r"at the end of epoch 0\b|in epoch 0\b": "an epoch counted from 0 shown to readers",
         r"tested in `?tests/": "a test citation on a reader's page (CONTRIBUTING keeps them)",
+        r"\ba test (?:holds|measures|asserts|checks)\b|\bthe tests (?:inject|crash|assert|"
+        r"check)\w*": "cites a test instead of showing the fact (a reference page states it, a "
+                      "chapter computes it)",
+        r"\bissue #?\d+\b": "a project issue number: the maintainers' bookkeeping",
+        r"\baccumcore[./]_impl\b": "an internal module named to readers (they cannot import it)",
+        r"\bscripts/[\w-]+\.(?:py|sh)\b|\.ci/run\b": "the project's build scripts named to "
+                                                        "readers",
+        r"\bsupported until\b": "a support promise (the versions page listed one under 'Not "
+                                "supported')",
         r"\b(?:library|book)['’]s tests\b": "defers to the tests instead of showing: the page "
                                              "shows the fact with a computation, or drops it",
         r"times the ~?\S+ of one (?:window|update)\b": "a whole run's distance measured in "
