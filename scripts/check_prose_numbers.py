@@ -64,6 +64,11 @@ ALLOWED: dict[str, dict[str, str]] = {
     "07_memory_speed": {
         "95": "the confidence level of the paired ratios' interval (a definition)",
     },
+    "08_distributed_mixed_precision": {
+        "60,000": "exercise 1's question (an epoch of all MNIST)",
+        "1,875": "exercise 1's worked arithmetic (60,000 / 32)",
+        "235": "exercise 1's worked arithmetic (1,875 / 8, rounded up)",
+    },
     "05_lr_sweeps": {
         "0.5": "one grid step of sqrt(10) in log10 (exercise 3's worked answer)",
         "0.45": "exercise 3's worked arithmetic",
@@ -139,17 +144,39 @@ def variants(number: str) -> set[str]:
     return forms
 
 
+#: A count a sentence quotes: an integer of three digits or more, or with thousands separators
+#: ("168 samples", "5,120 images"; found unshown by a reader), not a year (1990-2039), a version,
+#: an issue or a part of a larger token. Smaller integers (chapter numbers, "batch of 64") are
+#: left to the reader.
+_COUNT = re.compile(r"(?<![\w.,$^{#/-])(\d{1,3}(?:,\d{3})+|\d{3,})(?![\w.]|,\d)")
+_YEAR = re.compile(r"(?:199|20[0-3])\d")
+
+
+def _shows_count(count: str, outputs: str, bare: str) -> bool:
+    """Whether ``outputs`` shows ``count`` (with or without its thousands separators)."""
+    plain = count.replace(",", "")
+    return count in outputs or bool(re.search(r"(?<!\d)" + plain + r"(?!\d)", bare))
+
+
 def unshown_numbers(notebook: dict, allowed: dict[str, str]) -> list[str]:
-    """The prose numbers of ``notebook`` that none of its outputs shows."""
+    """The prose numbers of ``notebook`` that none of its outputs shows: decimals, percentages
+    and counts (``_COUNT``)."""
     outputs = shown(notebook)
+    bare = re.sub(r"(?<=\d)[, _](?=\d{3}\b)", "", outputs)  # 5,120 / 24 576 / 30_000
     missing = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "markdown":
             continue
-        for number in _NUMBER.findall(prose("".join(cell["source"]))):
+        text = prose("".join(cell["source"]))
+        for number in _NUMBER.findall(text):
             if number in allowed or any(form in outputs for form in variants(number)):
                 continue
             missing.append(number)
+        for count in _COUNT.findall(text):
+            if (count in allowed or _YEAR.fullmatch(count) or count in missing
+                    or _shows_count(count, outputs, bare)):
+                continue
+            missing.append(count)
     return missing
 
 

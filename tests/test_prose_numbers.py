@@ -36,6 +36,20 @@ def test_percentages_and_exponents_are_numbers_too():
     assert checker.unshown_numbers(page, {}) == ["45", "1e-6"]
 
 
+def test_a_count_no_output_shows_fails_and_a_printed_one_passes():
+    """Round 1's "168 samples" and appendix A's "5,120 images": counts written, not printed."""
+    page = _page("168 samples make 11 micro-batches; 5,120 images", "11 micro-batches\n")
+    assert checker.unshown_numbers(page, {}) == ["168", "5,120"]
+    printed = _page("168 samples make 11 micro-batches; 5,120 images",
+                    "168 samples -> 11 micro-batches; 5120 images\n")
+    assert checker.unshown_numbers(printed, {}) == []
+
+
+def test_years_versions_issues_and_small_integers_are_not_counts():
+    page = _page("Goyal et al., 2017; keras#20585; a batch of 64; 784-256-10", "")
+    assert checker.unshown_numbers(page, {}) == ["784"]
+
+
 def test_code_math_glue_and_links_are_not_prose():
     page = _page("`lr=0.25`, $0.5 x$, {glue:text}`gap:.2f`, [a](https://x.org/1.5) and "
                  "{doc}`v0.3`", "nothing")
