@@ -148,19 +148,49 @@ def variants(number: str) -> set[str]:
 #: ("168 samples", "5,120 images"; found unshown by a reader), not a year (1990-2039), a version,
 #: an issue or a part of a larger token. Smaller integers (chapter numbers, "batch of 64") are
 #: left to the reader.
-_COUNT = re.compile(r"(?<![\w.,$^{#/-])(\d{1,3}(?:,\d{3})+|\d{3,})(?![\w.]|,\d)")
+_COUNT = re.compile(r"(?<![\w.,$^{#/-])(\d{1,3}(?:[, ]\d{3})+|\d{3,})(?![\w.]|[, ]\d)")
 _YEAR = re.compile(r"(?:199|20[0-3])\d")
 
 
 def _shows_count(count: str, outputs: str, bare: str) -> bool:
     """Whether ``outputs`` shows ``count`` (with or without its thousands separators)."""
-    plain = count.replace(",", "")
+    plain = count.replace(",", "").replace(" ", "")
     return count in outputs or bool(re.search(r"(?<!\d)" + plain + r"(?!\d)", bare))
+
+
+#: A number written in math: ``$1.2 \\times 10^{-7}$`` or a power of two ``$2^{15}$`` (chapter
+#: 1's float32 epsilon and chapter 6's loss scale were found so, shown by no output).
+_MATH_SCIENTIFIC = re.compile(r"(\d+(?:\.\d+)?)\s*\\times\s*10\^\{?(-?\d+)\}?")
+_MATH_POWER_OF_TWO = re.compile(r"(?<![\d.])2\^\{?(\d{2})\}?")
+_MATH = re.compile(r"\$\$.*?\$\$|\$[^$]*\$", re.S)
+#: A printed number within this relative distance shows a number written in math (which is
+#: written rounded: "6 x 10^-5" for 6.1e-05).
+MATH_ROUNDING = 0.05
+
+
+def unshown_math_numbers(notebook: dict) -> list[str]:
+    """The numbers written in the math of ``notebook``'s markdown (``_MATH_SCIENTIFIC``,
+    ``_MATH_POWER_OF_TWO``) that no output or visible code of the page shows, as written."""
+    outputs = shown(notebook)
+    printed = [float(t.replace(",", "")) for t in _PRINTED_NUMBER.findall(outputs)]
+    missing = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for math in _MATH.findall(_ADMONITION.sub(r"\1", "".join(cell["source"]))):
+            found = [(m.group(0), float(m.group(1)) * 10.0 ** int(m.group(2)))
+                     for m in _MATH_SCIENTIFIC.finditer(math)]
+            found += [(m.group(0), 2.0 ** int(m.group(1)))
+                      for m in _MATH_POWER_OF_TWO.finditer(math)]
+            for written, value in found:
+                if not any(abs(p - value) <= MATH_ROUNDING * value for p in printed):
+                    missing.append(written)
+    return missing
 
 
 def unshown_numbers(notebook: dict, allowed: dict[str, str]) -> list[str]:
     """The prose numbers of ``notebook`` that none of its outputs shows: decimals, percentages
-    and counts (``_COUNT``)."""
+    and counts (``_COUNT``), and numbers written in math (:func:`unshown_math_numbers`)."""
     outputs = shown(notebook)
     bare = re.sub(r"(?<=\d)[, _](?=\d{3}\b)", "", outputs)  # 5,120 / 24 576 / 30_000
     missing = []
@@ -177,7 +207,8 @@ def unshown_numbers(notebook: dict, allowed: dict[str, str]) -> list[str]:
                     or _shows_count(count, outputs, bare)):
                 continue
             missing.append(count)
-    return missing
+    return missing + [written for written in unshown_math_numbers(notebook)
+                      if written not in allowed]
 
 
 #: Comparison words about measured results (case-insensitive, whole words). A page computes

@@ -45,6 +45,20 @@ def test_a_count_no_output_shows_fails_and_a_printed_one_passes():
     assert checker.unshown_numbers(printed, {}) == []
 
 
+def test_a_count_with_spaces_as_thousands_separators_is_one_count():
+    page = _page("24 576 training samples, 10 000 held out", "24576 samples\n")
+    assert checker.unshown_numbers(page, {}) == ["10 000"]
+
+
+def test_a_number_written_in_math_needs_an_output_too():
+    """Chapter 1's $1.2 \\times 10^{-7}$ and chapter 6's $2^{15}$, written and not printed."""
+    page = _page("precision ($1.2 \\times 10^{-7}$), the scale $2^{15}$", "nothing\n")
+    assert checker.unshown_numbers(page, {}) == ["1.2 \\times 10^{-7}", "2^{15}"]
+    printed = _page("precision ($1.2 \\times 10^{-7}$), the scale $2^{15}$",
+                    "eps 1.19e-07, scale 32768\n")
+    assert checker.unshown_numbers(printed, {}) == []
+
+
 def test_years_versions_issues_and_small_integers_are_not_counts():
     page = _page("Goyal et al., 2017; keras#20585; a batch of 64; 784-256-10", "")
     assert checker.unshown_numbers(page, {}) == ["784"]
