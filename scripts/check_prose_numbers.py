@@ -449,6 +449,8 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
         r"\baccumcore[./]_impl\b": "an internal module named to readers (they cannot import it)",
         r"\bscripts/[\w-]+\.(?:py|sh)\b|\.ci/run\b": "the project's build scripts named to "
                                                         "readers",
+        r"(?<![\d.])1(?:\.0+)? times (?:the|as)\b": "a ratio rounded to 1 said as '1 times the "
+                                                 "smaller' (chapter 4): say what it means",
         r"\bsupported until\b": "a support promise (the versions page listed one under 'Not "
                                 "supported')",
         r"\b(?:library|book)['’]s tests\b": "defers to the tests instead of showing: the page "

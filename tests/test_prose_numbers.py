@@ -490,6 +490,7 @@ def test_a_quoted_glue_with_no_recorded_value_fails(tmp_path, capsys):
     ("TF 2.19 (supported until 2026-12, issue 41).", "TF 2.19 (supported by earlier releases)."),
     ("It goes through `accumcore/_impl/compat.py`.", "It is handled in one place."),
     ("CI (`bash scripts/test.sh`, what `.ci/run` runs) tests two stacks.", "CI tests two stacks."),
+    ("below both controls (1 times the smaller)", "below both controls (2.1e-3 against 2.2e-3)"),
 ])
 def test_machinery_on_a_reference_page_fails_and_its_rewrite_passes(written, rewritten):
     """The round-1 read of the reference pages: test citations, issue numbers, internal
