@@ -65,15 +65,32 @@ def _public_names() -> dict[str, str]:
     return _public
 
 
+_INTERNAL_OBJECT = re.compile(r"accumcore\._impl(?:\.\w+)*\.(\w+)")
+
+
+def _public_accumcore(match: re.Match) -> str:
+    """``accumcore.Name`` for an internal object that ``accumcore`` exports (``__all__``: the
+    API page documents each, so the hint still resolves); other names unchanged."""
+    import accumcore
+
+    name = match.group(1)
+    return f"accumcore.{name}" if name in accumcore.__all__ else match.group(0)
+
+
 def public_keras_names(text: str) -> str:
-    """``text`` with every ``keras.src`` class path that Keras exports written by its public
-    name (``keras.src.models.model.Model`` -> ``keras.Model``); other text unchanged."""
+    """``text`` (a signature or a type hint) with every ``keras.src`` class path that Keras
+    exports written by its public name (``keras.src.models.model.Model`` -> ``keras.Model``),
+    and every internal accumcore object that ``accumcore`` exports by its public name
+    (``accumcore._impl.state.AccumulationState`` -> ``accumcore.AccumulationState``); other
+    text unchanged."""
     names = _public_names()
-    return _KERAS_SRC.sub(lambda match: names.get(match.group(0), match.group(0)), text)
+    text = _KERAS_SRC.sub(lambda match: names.get(match.group(0), match.group(0)), text)
+    return _INTERNAL_OBJECT.sub(_public_accumcore, text)
 
 
 def _process(app, what, name, obj, options, lines: list[str]) -> None:
-    lines[:] = public_keras_names(public_text("\n".join(lines))).split("\n")
+    lines[:] = _KERAS_SRC.sub(lambda match: _public_names().get(match.group(0), match.group(0)),
+                              public_text("\n".join(lines))).split("\n")
 
 
 def _process_signature(app, what, name, obj, options, signature, return_annotation):

@@ -266,3 +266,9 @@ def test_appendix_b_signatures_and_type_hints_name_keras_classes_publicly():
     assert ret == "keras.Optimizer"
     assert hints["accumcore.lab.experiments.get_weights"]["model"] == "keras.Model"
     assert module.public_keras_names("keras.src.not.a.Class") == "keras.src.not.a.Class"
+    # internal accumcore objects in type hints: their public path where a public module
+    # exports them; otherwise unchanged (a bare name would not resolve in the -n build)
+    assert module.public_keras_names("accumcore._impl.state.AccumulationState | None") == \
+        "accumcore.AccumulationState | None"
+    assert module.public_keras_names("accumcore._impl.rule.NotExported") == \
+        "accumcore._impl.rule.NotExported"
