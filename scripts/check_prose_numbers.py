@@ -64,6 +64,10 @@ ALLOWED: dict[str, dict[str, str]] = {
     "07_memory_speed": {
         "95": "the confidence level of the paired ratios' interval (a definition)",
     },
+    "03_model_fit": {
+        "2,000": "exercise 1's question (a data size, not this page's)",
+        "125": "exercise 1's worked arithmetic (2,000 / 16)",
+    },
     "08_distributed_mixed_precision": {
         "60,000": "exercise 1's question (an epoch of all MNIST)",
         "1,875": "exercise 1's worked arithmetic (60,000 / 32)",
