@@ -65,6 +65,7 @@ def _public_names() -> dict[str, str]:
     return _public
 
 
+_CLASS_REPR = re.compile(r"<class '([\w.]+)'>")
 _INTERNAL_OBJECT = re.compile(r"accumcore\._impl(?:\.\w+)*\.(\w+)")
 
 
@@ -99,7 +100,9 @@ def _process_signature(app, what, name, obj, options, signature, return_annotati
     for hints in app.env.temp_data.get("annotations", {}).values():
         for key, hint in hints.items():
             hints[key] = public_keras_names(hint)
-    return (None if signature is None else public_keras_names(signature),
+    if signature is not None:  # a class as a default value: its name, not its repr
+        signature = _CLASS_REPR.sub(r"\1", public_keras_names(signature))
+    return (signature,
             None if return_annotation is None else public_keras_names(return_annotation))
 
 
