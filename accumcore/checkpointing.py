@@ -120,7 +120,9 @@ class ResumableLoop:
             ``end_of_epoch`` and ``nonfinite``, apply unchanged).
         directory: where the ``tf.train.CheckpointManager`` keeps its checkpoints.
         save_every: save after every ``save_every`` micro-batches (counted over the whole run,
-            so the cadence survives restarts); int >= 1.
+            so the cadence survives restarts); int >= 1. With ``micro_batch_size`` a batch
+            runs several micro-batches at once: the save follows the batch that reaches or
+            passes the next multiple of ``save_every``.
         max_to_keep: checkpoints kept on disk.
         save_at_epoch_end: also save after each epoch's end-of-epoch policy ran.
 
@@ -219,12 +221,17 @@ class ResumableLoop:
         # The history's running sums continue from the checkpoint (or the last fit).
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
 
+        saved_at = [int(state.micro_batches_seen.numpy()) // self.save_every]
+
         def after(step: int, record: tuple) -> None:
-            # Host reads per micro-batch (after the non-finite check, so that a stopped state is
-            # never saved): the running sums are checkpointed with the state.
+            # Host reads per micro-batch (per batch when it is split; after the non-finite
+            # check, so that a stopped state is never saved): the running sums are
+            # checkpointed with the state.
             loss, weight, applied = record
             book.micro_batch(float(loss), float(weight), bool(applied))
-            if int(state.micro_batches_seen.numpy()) % self.save_every == 0:
+            multiple = int(state.micro_batches_seen.numpy()) // self.save_every
+            if multiple > saved_at[0]:  # reached or passed the next multiple of save_every
+                saved_at[0] = multiple
                 self.save()
             if on_micro_batch_end is not None:
                 on_micro_batch_end(trainer.epoch, step)

@@ -852,8 +852,7 @@ def _reader_ratios_plot(plot_prefix: str) -> list[str]:
     """The per-cell ratios as a plot (RESULTS.md has them as a table)."""
     return ["#### Ratios per cell", "",
             "The ratios of the summary above for each (model, b, K) cell, each comparison with "
-            "the fastest configuration it names (the same figures as a table are in "
-            "`benchmarks/RESULTS.md`).", "",
+            "the fastest configuration it names; the dashed line marks 1, as fast.", "",
             f"![ratios]({plot_prefix}ratios.png)", ""]
 
 

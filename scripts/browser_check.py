@@ -363,6 +363,27 @@ def reference_negative_control(driver: webdriver.Chrome, base: str, docname: str
         "negative control: the Reference table width check did not fire"]
 
 
+SCREEN_PX = 900  # one screen of the length measure (a laptop's window)
+
+
+def print_screens(driver: webdriver.Chrome, base: str, docnames: list[str]) -> float:
+    """Print each page's length in screens (its height at 1400 px wide over a 900 px window)
+    and the total; returns the total."""
+    driver.set_window_size(1400, 900)
+    total = 0.0
+    for docname in docnames:
+        driver.get(f"{base}/{docname}.html")
+        inspect(driver)
+        height, inner = driver.execute_script(
+            "return [document.documentElement.scrollHeight, window.innerHeight];")
+        screens = height / SCREEN_PX
+        total += screens
+        print(f"screens {screens:5.1f}  {docname}")
+    print(f"screens {total:5.1f}  in all ({len(docnames)} pages, {SCREEN_PX} px screens at "
+          f"1400 px wide; the window showed {inner} px)")
+    return total
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--html", type=Path, default=ROOT / "_build" / "html")
@@ -373,6 +394,9 @@ def main() -> int:
                         help="only make sure a browser is there, installed as with "
                              "--install-missing, and exit (scripts/test.sh runs this in the "
                              "background while the unit tests run)")
+    parser.add_argument("--screens", action="store_true",
+                        help="also print each page's length in screens of 900 px at 1400 px "
+                             "wide, and the total (what a reader scrolls through)")
     parser.add_argument("--screenshot", type=Path, help="save a screenshot of one page here")
     parser.add_argument("--screenshot-page", default=None,
                         help="docname to screenshot (default: the first notebook page)")
@@ -423,6 +447,8 @@ def main() -> int:
             print(f"{'FAIL' if problems else 'ok  '} {docname} ({kind}; "
                   f"{len(info['images'])} images, {info['mathElements']} math elements, "
                   f"{len(info['colab'])} Colab links; {time.monotonic() - start:.1f} s)")
+        if args.screens:
+            print_screens(driver, base, docnames)
         if args.screenshot:
             page = args.screenshot_page or first_notebook or docnames[0]
             driver.get(f"{base}/{page}.html")

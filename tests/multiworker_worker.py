@@ -137,10 +137,28 @@ def oom_case(strategy) -> dict:
     return {"oom": {"error": None}}
 
 
+def auto_case(strategy) -> dict:
+    """``AccumTrainer(micro_batch_size="auto")``, function mode, each worker's share 12 of the
+    global batches of 24; worker 0 "runs out of memory" above 3 samples, worker 1 never. Each
+    searches its own device at the first batch; both must train with the smaller b. The model
+    is ``small_mlp``'s layers (its initial weights) with the out-of-memory layer between."""
+    x, y = make_data(N, seed=SEED)
+    with strategy.scope():
+        base = small_mlp()
+        inputs = keras.Input((8,))
+        hidden = OutOfMemoryOnWorker0()(base.layers[1](inputs))
+        model = keras.Model(inputs, base.layers[2](hidden))
+        trainer = ac.AccumTrainer(model, make_optimizer(), LOSS, micro_batch_size="auto")
+    history = trainer.fit(sharded(x, y, BATCH), epochs=1, mode="function", verbose=0)
+    return {"auto": {"weights": model.get_weights(), "b": trainer.micro_batch_size,
+                     "updates": history.updates}}
+
+
 def main() -> None:
     case = sys.argv[1] if len(sys.argv) > 1 else "trainer"
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    cases = {"trainer": trainer_case, "keras_fit": keras_fit_case, "oom": oom_case}
+    cases = {"trainer": trainer_case, "keras_fit": keras_fit_case, "oom": oom_case,
+             "auto": auto_case}
     emit({"replicas": strategy.num_replicas_in_sync, **cases[case](strategy)})
 
 

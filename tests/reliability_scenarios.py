@@ -82,7 +82,8 @@ def _trainer(seed: int = 0, **kwargs):
 
     model = small_mlp(seed)
     _script_seed()
-    return ac.AccumTrainer(model, keras.optimizers.Adam(0.01), LOSS, accum_steps=K, **kwargs)
+    how = {} if "micro_batch_size" in kwargs else dict(accum_steps=K)
+    return ac.AccumTrainer(model, keras.optimizers.Adam(0.01), LOSS, **how, **kwargs)
 
 
 def _accum_model(seed: int = 0, run_eagerly: bool = True, **kwargs):
@@ -138,24 +139,41 @@ def _run_interrupted(fn: Callable[[], object]) -> bool:
 
 
 def scenario_loop_function_apply(tmp: Path) -> dict:
-    """ResumableLoop, mode="function": crash mid-epoch, mid-window; resume in new objects."""
+    """ResumableLoop, mode="function": crash mid-epoch, mid-window (the 13th micro-batch; the
+    last checkpoint holds 12); resume in new objects."""
+    return _loop_crash_and_resume(tmp, MICRO, crash_at=(1, 4), save_every=2)
+
+
+def scenario_loop_function_split(tmp: Path) -> dict:
+    """The same with ``micro_batch_size=b``: batches of K * b (24, 24, 12), each one window
+    of 3, 3 and 2 micro-batches (seen after each: 3, 6, 8 | 11, 14, 16 | ...); saved every
+    5 micro-batches, so after the batches that pass 5, 10, 15, ...: crash after epoch 1's
+    second batch (14 seen), whose checkpoint holds 11."""
+    return _loop_crash_and_resume(tmp, MICRO * K, crash_at=(1, 1), save_every=5,
+                                  micro_batch_size=MICRO)
+
+
+def _loop_crash_and_resume(tmp: Path, batch_size: int, crash_at: tuple[int, int],
+                           save_every: int, **how) -> dict:
+    """Plain ``AccumTrainer.fit``, an uninterrupted ``ResumableLoop``, and one crashed at
+    ``crash_at`` (epoch, step) then resumed in new objects (other initial weights)."""
     import tensorflow as tf
 
     from accumcore.checkpointing import ResumableLoop
 
     x, y = _data()
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(MICRO)
-    plain = _trainer()
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size)
+    plain = _trainer(**how)
     plain.fit(ds, epochs=EPOCHS, mode="function", verbose=0)
 
-    loop = ResumableLoop(_trainer(), tmp / "straight", save_every=2)
+    loop = ResumableLoop(_trainer(**how), tmp / "straight", save_every=save_every)
     straight = loop.fit(ds, EPOCHS, mode="function")
 
     def crash(epoch, step):
-        if (epoch, step) == (1, 4):  # 13th micro-batch; the last checkpoint holds 12
+        if (epoch, step) == crash_at:
             raise Interrupt
 
-    first = ResumableLoop(_trainer(), tmp / "ckpt", save_every=2)
+    first = ResumableLoop(_trainer(**how), tmp / "ckpt", save_every=save_every)
     interrupted = _run_interrupted(lambda: first.fit(ds, EPOCHS, mode="function",
                                                      on_micro_batch_end=crash))
     latest = first.manager.latest_checkpoint
@@ -164,9 +182,9 @@ def scenario_loop_function_apply(tmp: Path) -> dict:
     restored_seen = int(tf.train.load_variable(
         latest, "accumulation/micro_batches_seen/.ATTRIBUTES/VARIABLE_VALUE"))
     # New model (other initial weights), optimizer, trainer and loop: only the files carry over.
-    resumed_trainer = _trainer(seed=7)
+    resumed_trainer = _trainer(seed=7, **how)
     initial_resumed = _weights(resumed_trainer.model)
-    second = ResumableLoop(resumed_trainer, tmp / "ckpt", save_every=2)
+    second = ResumableLoop(resumed_trainer, tmp / "ckpt", save_every=save_every)
     resumed = second.fit(ds, EPOCHS, mode="function")
     return {
         "runs": {"plain": _weights(plain.model), "straight": _weights(loop.trainer.model),
@@ -180,6 +198,7 @@ def scenario_loop_function_apply(tmp: Path) -> dict:
             "straight_updates": straight.updates, "resumed_updates": resumed.updates,
             "straight_window_losses": straight.window_losses,
             "resumed_window_losses": resumed.window_losses,
+            "straight_micro_batches_run": len(straight.micro_losses),
             "resumed_micro_batches_run": len(resumed.micro_losses),
             "counters": resumed.counters, "straight_counters": straight.counters,
             "plain_iterations": int(plain.optimizer.iterations.numpy()),

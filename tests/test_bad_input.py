@@ -68,11 +68,14 @@ SPLIT_MESSAGE = (r"`micro_batch_size` must be a positive int \(the samples of on
 
 
 @pytest.mark.parametrize("where", sorted(SPLIT_CONSTRUCTORS))
-@pytest.mark.parametrize("value", [0, -3, 4.0, True, "big"], ids=repr)
-def test_micro_batch_size_bad_value(value, where):
+@pytest.mark.parametrize(("value", "error"), [(0, ValueError), (-3, ValueError),
+                                               (4.0, TypeError), (True, TypeError),
+                                               ("big", ValueError)], ids=repr)
+def test_micro_batch_size_bad_value(value, error, where):
     """4.0 is refused, not rounded; True would silently mean b = 1; a string other than
-    'auto' names the one accepted."""
-    with pytest.raises(ValueError, match=SPLIT_MESSAGE):
+    'auto' names the one accepted. A value of the wrong type is a TypeError, as for
+    `accum_steps`; a wrong int or string a ValueError."""
+    with pytest.raises(error, match=SPLIT_MESSAGE):
         SPLIT_CONSTRUCTORS[where](value)
 
 

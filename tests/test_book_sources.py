@@ -238,3 +238,37 @@ def test_the_api_docstring_filter_rewrites_each_form():
         "the scalars of ``SCALARS``:"
     assert public_text(":class:`~accumcore._impl.rule.Plan` for") == "``Plan`` for"
     assert public_text("``accumcore.flush`` stays") == "``accumcore.flush`` stays"
+
+
+def test_appendix_b_signatures_and_type_hints_name_keras_classes_publicly():
+    """Keras's classes live in ``keras.src``: a default value (``model_cls=keras.Model``) and a
+    type hint would show ``keras.src.models.model.Model``; the extension writes the public name
+    in both, as autodoc hands them over (a signature, the recorded hints)."""
+    import types
+
+    pytest.importorskip("sphinx")
+    from sphinx.util.inspect import signature, stringify_signature
+    from sphinx.util.typing import stringify_annotation
+
+    from accumcore.lab import experiments
+
+    module = _load_api_docstrings()
+    raw = stringify_signature(signature(experiments.conv_net), show_annotation=False)
+    assert "keras.src.models.model.Model" in raw  # what autodoc would show without it
+    hint = stringify_annotation(signature(experiments.get_weights).parameters["model"]
+                                .annotation, "fully-qualified")  # as autodoc records it
+    assert hint == "keras.src.models.model.Model"
+    hints = {"accumcore.lab.experiments.get_weights": {"model": hint}}
+    app = types.SimpleNamespace(env=types.SimpleNamespace(temp_data={"annotations": hints}))
+    sig, ret = module._process_signature(app, "function", "conv_net", experiments.conv_net,
+                                         {}, raw, "keras.src.optimizers.optimizer.Optimizer")
+    assert "keras.src" not in sig and "model_cls=keras.Model" in sig  # not <class '...'>
+    assert ret == "keras.Optimizer"
+    assert hints["accumcore.lab.experiments.get_weights"]["model"] == "keras.Model"
+    assert module.public_keras_names("keras.src.not.a.Class") == "keras.src.not.a.Class"
+    # internal accumcore objects in type hints: their public path where a public module
+    # exports them; otherwise unchanged (a bare name would not resolve in the -n build)
+    assert module.public_keras_names("accumcore._impl.state.AccumulationState | None") == \
+        "accumcore.AccumulationState | None"
+    assert module.public_keras_names("accumcore._impl.rule.NotExported") == \
+        "accumcore._impl.rule.NotExported"

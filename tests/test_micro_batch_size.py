@@ -144,11 +144,13 @@ def test_the_graph_does_not_grow_with_the_number_of_micro_batches():
     assert _graph_size(1) == _graph_size(64) < _graph_size(48)
 
 
-@pytest.mark.parametrize("bad", [0, -1, 2.0, True, "big", "AUTO"])
-def test_bad_micro_batch_size_names_the_parameter_and_the_accepted_values(bad):
-    with pytest.raises(ValueError, match=r"`micro_batch_size` must be a positive int .*'auto'"):
+@pytest.mark.parametrize(("bad", "error"), [(0, ValueError), (-1, ValueError),
+                                            (2.0, TypeError), (True, TypeError),
+                                            ("big", ValueError), ("AUTO", ValueError)])
+def test_bad_micro_batch_size_names_the_parameter_and_the_accepted_values(bad, error):
+    with pytest.raises(error, match=r"`micro_batch_size` must be a positive int .*'auto'"):
         ac.accumulate(small_mlp(), micro_batch_size=bad)
-    with pytest.raises(ValueError, match="micro_batch_size"):
+    with pytest.raises(error, match="micro_batch_size"):
         ac.AccumModel(*_io(), micro_batch_size=bad)
 
 
@@ -337,6 +339,41 @@ def test_out_of_memory_in_epoch_two_with_several_steps_per_call(data, limit):
     assert int(model.optimizer.iterations.numpy()) == 6
     assert model.accumulation.micro_batch_size == 2
     assert_matches_reference(model, initial, ref)
+
+
+@pytest.mark.parametrize("entry", ["eager", "function", "graph", "window_step"])
+def test_accum_trainer_auto_finds_b_at_the_first_batch(data, limit, caplog, entry):
+    """``AccumTrainer(micro_batch_size="auto")``: b searched on the device at the first batch
+    (5 of 16 fit here: 16, 8 fail, then 4 fits and bisection finds 5) and kept for the run;
+    exact against the large batch, so the probes changed nothing."""
+    x, y = data
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(len(x), B),
+                                     make_model=_limited_mlp)
+    limit["samples"] = 5
+    trainer = ac.AccumTrainer(_limited_mlp(), adam(), LOSS, micro_batch_size="auto")
+    assert trainer.micro_batch_size == "auto"
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        if entry == "window_step":
+            for s in _batches(len(x), B):
+                trainer.window_step(tf.constant(x[s]), tf.constant(y[s]))
+        else:
+            trainer.fit(x, y, batch_size=B, shuffle=False, mode=entry, verbose=0)
+    assert trainer.micro_batch_size == 5
+    assert int(trainer.optimizer.iterations.numpy()) == len(_batches(len(x), B))
+    assert_matches_reference(trainer.model, initial, ref)
+    assert "b = 5 samples per micro-batch" in caplog.text and "(16, False)" in caplog.text
+
+
+def test_accum_trainer_auto_out_of_memory_later_raises(data, limit):
+    """The trainer finds b once: a later batch that does not fit at that b raises TensorFlow's
+    out-of-memory error (``fit`` through ``accumulate`` reruns it instead)."""
+    x, y = data
+    trainer = ac.AccumTrainer(_limited_mlp(), adam(), LOSS, micro_batch_size="auto")
+    trainer.window_step(tf.constant(x[:B]), tf.constant(y[:B]))
+    assert trainer.micro_batch_size == B
+    limit["samples"] = 3
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="injected"):
+        trainer.window_step(tf.constant(x[B:2 * B]), tf.constant(y[B:2 * B]))
 
 
 def test_nothing_fits_raises_with_the_probes(data, limit):
@@ -549,12 +586,9 @@ def test_accum_trainer_checks_what_every_entry_point_checks(data):
     naming the new calls and keeps its meaning (K = B / b, batches of b)."""
     with pytest.raises(ValueError, match="`accum_steps` or `micro_batch_size`, not both"):
         ac.AccumTrainer(small_mlp(), adam(), LOSS, accum_steps=4, micro_batch_size=16)
-    for bad in (0, -1, 2.0):
-        with pytest.raises(ValueError, match=r"`micro_batch_size` must be a positive int"):
+    for bad, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError)):
+        with pytest.raises(error, match=r"`micro_batch_size` must be a positive int"):
             ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=bad)
-    with pytest.raises(ValueError, match=r"accumcore.accumulate.*plan_accumulation.*"
-                                         r"MultiWorkerMirroredStrategy.*give every worker"):
-        ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size="auto")
     with pytest.raises(TypeError, match="micro_batch_size=b"):
         ac.AccumTrainer(small_mlp(), adam(), LOSS)
     with pytest.warns(FutureWarning, match=r"micro_batch_size=16\).*batch_size=64.*"

@@ -135,3 +135,21 @@ def test_out_of_memory_on_one_worker_stops_both_with_an_error() -> None:
     assert results[0]["oom"]["error"].startswith("ResourceExhaustedError")
     assert "injected: 5 samples" in results[0]["oom"]["error"]
     assert "Collective ops is aborted" in results[1]["oom"]["error"]
+
+
+def test_auto_on_two_workers_agrees_on_the_smaller_micro_batch() -> None:
+    """``micro_batch_size="auto"`` on two workers: worker 0 fits 3 samples, worker 1 all 12 of
+    its share; the search runs on each worker's device at the first batch and both take the
+    smallest b (one all-gather), so both train exactly as one process at the large batch."""
+    from accumcore.lab.experiments import relative_error
+
+    results = two_workers("auto")
+    x, y = make_data(worker.N, seed=worker.SEED)
+    initial, reference = reference_weights(worker.make_optimizer, x, y, None, worker.BATCH, 1)
+    for i, result in enumerate(results):
+        run = result["auto"]
+        assert run["b"] == 3, f"worker {i} trained with b = {run['b']}"
+        assert run["updates"] == [worker.N // worker.BATCH]
+        rel = relative_error(run["weights"], reference, initial)
+        print(f"auto, worker {i}: b = {run['b']}, relative weight error {rel:.3g}")
+        assert rel <= REL_TOL, f"worker {i}: rel {rel:.3g}"

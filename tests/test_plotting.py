@@ -177,3 +177,17 @@ def test_curves_over_whole_numbers_get_whole_ticks():
                          xlabel="x", ylabel="y")
     ax.figure.canvas.draw()
     assert not all(float(t).is_integer() for t in ax.get_xticks())
+
+
+def test_curves_style_start_draws_each_series_in_a_later_series_style():
+    """Chapter 4's distance figure: |64 - 4 x 16| in the accumulated run's style (the second
+    of the earlier figures), |64 - 16| in batch 16's (the third)."""
+    runs = plotting.curves(None, {"batch 64": [1, 2], "4 x 16": [1, 2], "batch 16": [2, 3]},
+                           title="t", xlabel="x", ylabel="y")
+    gaps = plotting.curves(None, {"|64 - 4 x 16|": [1e-6, 2e-6], "|64 - 16|": [0.1, 0.2]},
+                           title="t", xlabel="x", ylabel="y", style_start=1)
+    style = [(line.get_color(), line.get_linestyle(), line.get_marker())
+             for line in runs.get_lines()]
+    assert [(line.get_color(), line.get_linestyle(), line.get_marker())
+            for line in gaps.get_lines()] == style[1:]
+    assert style[0] != style[1]  # the default start is the first style

@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 _spec = importlib.util.spec_from_file_location(
     "check_prose_numbers", Path(__file__).resolve().parents[1] / "scripts" /
     "check_prose_numbers.py")
@@ -32,6 +34,34 @@ def test_a_number_no_output_shows_fails():
 def test_percentages_and_exponents_are_numbers_too():
     page = _page("it saved 45 % and 1e-6 of it", "nothing")
     assert checker.unshown_numbers(page, {}) == ["45", "1e-6"]
+
+
+def test_a_count_no_output_shows_fails_and_a_printed_one_passes():
+    """Round 1's "168 samples" and appendix A's "5,120 images": counts written, not printed."""
+    page = _page("168 samples make 11 micro-batches; 5,120 images", "11 micro-batches\n")
+    assert checker.unshown_numbers(page, {}) == ["168", "5,120"]
+    printed = _page("168 samples make 11 micro-batches; 5,120 images",
+                    "168 samples -> 11 micro-batches; 5120 images\n")
+    assert checker.unshown_numbers(printed, {}) == []
+
+
+def test_a_count_with_spaces_as_thousands_separators_is_one_count():
+    page = _page("24 576 training samples, 10 000 held out", "24576 samples\n")
+    assert checker.unshown_numbers(page, {}) == ["10 000"]
+
+
+def test_a_number_written_in_math_needs_an_output_too():
+    """Chapter 1's $1.2 \\times 10^{-7}$ and chapter 6's $2^{15}$, written and not printed."""
+    page = _page("precision ($1.2 \\times 10^{-7}$), the scale $2^{15}$", "nothing\n")
+    assert checker.unshown_numbers(page, {}) == ["1.2 \\times 10^{-7}", "2^{15}"]
+    printed = _page("precision ($1.2 \\times 10^{-7}$), the scale $2^{15}$",
+                    "eps 1.19e-07, scale 32768\n")
+    assert checker.unshown_numbers(printed, {}) == []
+
+
+def test_years_versions_issues_and_small_integers_are_not_counts():
+    page = _page("Goyal et al., 2017; keras#20585; a batch of 64; 784-256-10", "")
+    assert checker.unshown_numbers(page, {}) == ["784"]
 
 
 def test_code_math_glue_and_links_are_not_prose():
@@ -118,7 +148,8 @@ def test_main_fails_on_an_uncomputed_comparison(tmp_path, capsys):
     assert checker.main([str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "page: 'better' in: Batch 16 did better." in out and "1 uncomputed comparisons" in out
-    (tmp_path / "page.ipynb").write_text(json.dumps(_page("Batch 16 {glue:text}`verdict`.")))
+    glued = _glued_page("Batch 16 {glue:text}`verdict`.", "x", {"verdict": "did as well"})
+    (tmp_path / "page.ipynb").write_text(json.dumps(glued))
     assert checker.main([str(tmp_path)]) == 0
 
 
@@ -408,3 +439,64 @@ def test_glued_text_with_markup_fails_and_plain_text_passes():
         "glued text 'b_how' holds markup readers see as is: 'given as `b=4`'"]
     plain = _glued_page("b was {glue:text}`b_how`.", "b 4\n", {"b_how": "given as b=4"})
     assert checker.markup_in_glue(plain) == []
+
+
+def _build_page(tmp_path: Path, markdown: str, printed: str, glued: dict) -> None:
+    """A page as a Jupyter Book build leaves it: myst-nb writes the executed notebook without
+    its glue outputs (and without the removed cells) and the values to ``page.glue.json``."""
+    page = {"cells": [
+        {"cell_type": "code", "source": "", "metadata": {},
+         "outputs": [{"output_type": "stream", "text": printed}]},
+        {"cell_type": "markdown", "source": markdown, "metadata": {}}]}
+    (tmp_path / "page.ipynb").write_text(json.dumps(page))
+    glue = {key: {"output_type": "display_data", "data": {"text/plain": repr(value)},
+                  "metadata": {"scrapbook": {"name": key,
+                                             "mime_prefix": checker.GLUE_PREFIX}}}
+            for key, value in glued.items()}
+    (tmp_path / "page.glue.json").write_text(json.dumps(glue))
+
+
+def test_a_build_s_glue_file_is_read_an_unprinted_glue_fails(tmp_path, capsys):
+    _build_page(tmp_path, "The loss was {glue:text}`last:.2f` at the end.", "x\n", {"last": 1.4203})
+    assert checker.main([str(tmp_path)]) == 1
+    assert "page: glued number printed by no output: last = 1.42" in capsys.readouterr().out
+
+
+def test_a_build_s_glue_file_with_the_number_printed_passes(tmp_path, capsys):
+    _build_page(tmp_path, "The loss was {glue:text}`last:.2f` at the end.", "loss 1.420\n",
+                {"last": 1.4203})
+    assert checker.main([str(tmp_path)]) == 0, capsys.readouterr().out
+
+
+def test_a_build_s_glued_markup_and_known_contradiction_fail(tmp_path, capsys):
+    _build_page(tmp_path, "b was {glue:text}`b_how`; {glue:text}`why`.", "b 4\n",
+                {"b_how": "given as `b=4`", "why": "the library's tests check it"})
+    assert checker.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "glued text 'b_how' holds markup" in out
+    assert "known contradiction returned: \"library's tests\"" in out
+
+
+def test_a_quoted_glue_with_no_recorded_value_fails(tmp_path, capsys):
+    """Without the glue file (or records) the glue rules would see nothing and pass blind."""
+    _build_page(tmp_path, "The loss was {glue:text}`last:.2f` at the end.", "loss 1.420\n", {})
+    assert checker.main([str(tmp_path)]) == 1
+    assert "glue 'last' quoted, but no value of it recorded" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("written, rewritten", [
+    ("Each row gives the error; a test holds every row.", "Each row gives the error."),
+    ("The tests inject NaN into one micro-batch.", "NaN put into one micro-batch is skipped."),
+    ("TF 2.19 (supported until 2026-12, issue 41).", "TF 2.19 (supported by earlier releases)."),
+    ("It goes through `accumcore/_impl/compat.py`.", "It is handled in one place."),
+    ("CI (`bash scripts/test.sh`, what `.ci/run` runs) tests two stacks.", "CI tests two stacks."),
+    ("below both controls (1 times the smaller)", "below both controls (2.1e-3 against 2.2e-3)"),
+])
+def test_machinery_on_a_reference_page_fails_and_its_rewrite_passes(written, rewritten):
+    """The round-1 read of the reference pages: test citations, issue numbers, internal
+    modules, build scripts and a support promise under "Not supported"."""
+    def page(text):
+        return {"cells": [{"cell_type": "markdown", "source": text}]}
+
+    assert checker.known_contradictions("*", page(written), outputs=False)
+    assert checker.known_contradictions("*", page(rewritten), outputs=False) == []

@@ -56,6 +56,31 @@ def test_custom_loop_resumes_mid_window_bitwise():
     assert info["resumed_window_losses"] == info["straight_window_losses"][-n:]
 
 
+def test_custom_loop_in_split_mode_resumes_bitwise():
+    """ResumableLoop over an ``AccumTrainer(micro_batch_size=8)`` fed batches of 24: crash after
+    epoch 1's second batch; the last checkpoint (every 5 micro-batches: after the batch that
+    passed 10) holds epoch 1's first batch.
+
+    Catches: a split batch's micro-batches counted as one (the cadence), a batch replayed or
+    skipped on resume, any of the state that the accum_steps loop restores missing here."""
+    r = load("loop_function_split")
+    info = r["info"]
+    _check_interrupted(info)
+    assert info["resumed_flag"]
+    assert info["restored_seen"] == 11, "the checkpoint should hold 3 + 3 + 2 + 3 micro-batches"
+    assert info["restored_micro_step"] == 0  # a split batch is a whole window
+    straight = weights_of(r, "straight")
+    assert not bitwise_equal(weights_of(r, "resumed_initial"), straight)
+    assert bitwise_equal(weights_of(r, "resumed"), straight)
+    assert bitwise_equal(weights_of(r, "plain"), straight)
+    assert info["resumed_iterations"] == info["plain_iterations"] == 9  # 3 batches x 3 epochs
+    assert info["counters"] == info["straight_counters"]
+    assert info["straight_micro_batches_run"] == 9  # one record per batch
+    assert info["resumed_micro_batches_run"] == 9 - 4  # epoch 0 and epoch 1's first batch
+    assert info["resumed_updates"] == info["straight_updates"][1:]
+    assert info["resumed_epoch_losses"] == info["straight_epoch_losses"][1:]
+
+
 def test_custom_loop_eager_carry_with_per_epoch_shuffle_survives_two_crashes():
     """Eager mode, end_of_epoch="carry" (windows span epochs), a dataset reshuffled per
     epoch by a callable ``epoch -> dataset``; crashes in epoch 0 and in epoch 2, each resumed.

@@ -223,14 +223,15 @@ def test_clone_model_keeps_micro_batch_size_and_trains_like_the_original(data):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_clone_of_an_uncompiled_model_says_to_set_accum_steps(data):
+def test_clone_of_an_uncompiled_model_says_to_set_the_settings(data):
     # clone_model cannot pass accum_steps to the constructor, and an uncompiled model has no
     # compile config to carry it: the clone's fit raises instead of training with K = 1.
     x, y = data
     model = small_mlp(model_cls=ac.AccumModel, accum_steps=4)
     clone = keras.models.clone_model(model)
     clone.compile(OPTIMIZERS["sgd"](), LOSS)
-    with pytest.raises(ValueError, match=r"without `accum_steps`.*set_accumulation"):
+    with pytest.raises(ValueError, match=r"without `micro_batch_size` or `accum_steps`."
+                       r"*set_accumulation"):
         _fit(clone, x, y)
     clone.set_accumulation(accum_steps=4)
     _fit(clone, x, y, batch_size=10)
@@ -263,9 +264,10 @@ def test_missing_accum_steps_raises_at_fit(data):
     model = small_mlp(model_cls=ac.AccumModel)
     assert model.accum_steps is None
     model.compile(OPTIMIZERS["sgd"](), LOSS)
-    with pytest.raises(ValueError, match=r"without `accum_steps`.*accum_steps=1"):
+    with pytest.raises(ValueError, match=r"without `micro_batch_size` or `accum_steps`."
+                       r"*accum_steps=1"):
         _fit(model, x, y)
-    with pytest.raises(ValueError, match=r"without `accum_steps`"):
+    with pytest.raises(ValueError, match=r"without `micro_batch_size` or `accum_steps`"):
         model.train_on_batch(x[:8], y[:8])
     model.set_accumulation(accum_steps=2)
     _fit(model, x, y, batch_size=10)

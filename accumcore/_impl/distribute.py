@@ -241,6 +241,21 @@ def run_micro_step(strategy: tf.distribute.Strategy, fn: Callable, x, y, sample_
     return combine_local(strategy, loss, weight, applied)
 
 
+def replicas_in_sync(strategy: tf.distribute.Strategy | None) -> int:
+    """The replicas a global batch is shared by (1 without a strategy)."""
+    return 1 if strategy is None else int(strategy.num_replicas_in_sync)
+
+
+def smallest_everywhere(strategy: tf.distribute.Strategy | None, value: int) -> int:
+    """The smallest ``value`` over every replica of every worker: one all-gather under a
+    strategy (every worker must call it at the same point), ``value`` itself without one."""
+    if strategy is None:
+        return value
+    per_replica = strategy.experimental_distribute_values_from_function(
+        lambda _: tf.constant([float(value)]))
+    return int(tf.reduce_min(strategy.gather(per_replica, axis=0)).numpy())
+
+
 def first_local(strategy: tf.distribute.Strategy | None, x: Any) -> Any:
     """The first local replica's part of a (possibly distributed) nested input."""
     if strategy is None:

@@ -388,12 +388,13 @@ def prepare_model(model) -> None:
     state = model.accumulation
     if state.accum_steps is None:
         raise ValueError(
-            "AccumModel was created without `accum_steps` (K, the number of micro-batches "
-            "per optimizer update), so it would silently train with K = 1. Pass it when "
-            "creating the model (`AccumModel(inputs, outputs, accum_steps=4)`; "
-            "`accum_steps=1` for no accumulation) or call "
-            "`model.set_accumulation(accum_steps=K)`. (keras.models.clone_model of an "
-            "*uncompiled* AccumModel cannot pass the settings on: set them on the clone.)"
+            "AccumModel was created without `micro_batch_size` or `accum_steps`, so it would "
+            "silently train without accumulating. Pass one when creating the model: "
+            "`AccumModel(inputs, outputs, micro_batch_size=b)` (then `fit(batch_size=B)` "
+            "splits each batch of B into micro-batches of at most b) or `accum_steps=K` (each "
+            "batch is one micro-batch, K per update; `accum_steps=1` for no accumulation); or "
+            "call `model.set_accumulation(micro_batch_size=b)`. (keras.models.clone_model of "
+            "an *uncompiled* AccumModel cannot pass the settings on: set them on the clone.)"
         )
     if needs_build(model):
         raise ValueError(

@@ -8,9 +8,15 @@ below the public module, so that ``accumcore._impl.auto_micro_batch`` (``micro_b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import tensorflow as tf
 
 from accumcore._impl.settings import check_positive_int
+
+logger = logging.getLogger("accumcore")
 
 
 def largest_fitting(
@@ -118,3 +124,41 @@ def _bisect(probe: Callable[[int], bool], good: int, bad: int, step: int) -> int
         else:
             bad = mid
     return good
+
+
+def largest_micro_batch(probe: Callable[[Any, int], Any], batch: Any, samples: int,
+                        restored: Sequence[tf.Variable]) -> int:
+    """The largest b <= ``samples`` for which ``probe(batch, b)`` (one micro-batch's forward
+    and backward pass on the first b samples of ``batch``) does not raise
+    ``tf.errors.ResourceExhaustedError``: :func:`largest_fitting` from the top
+    (``descending=True``). The ``restored`` variables (the model's non-trainable ones: BatchNorm
+    statistics, random-number states) are set back after each probe, so probing changes
+    nothing. Logs b and every probe.
+
+    Raises:
+        ValueError: when not even one sample fits, with every probe ``(b, fitted)``.
+    """
+
+    def fits(size: int) -> bool:
+        before = [tf.identity(v) for v in restored]
+        try:
+            probe(batch, size)
+        except tf.errors.ResourceExhaustedError:
+            return False
+        finally:
+            for variable, value in zip(restored, before, strict=True):
+                variable.assign(value)
+        return True
+
+    probes: list[tuple[int, bool]] = []
+    try:
+        size = largest_fitting(fits, limit=samples, descending=True, probes=probes)
+    except ValueError as err:
+        raise ValueError(
+            "micro_batch_size='auto': even micro-batches of 1 sample run out of memory "
+            f"(probes, b and whether it fitted: {probes}). Make the model or its inputs "
+            "smaller, or use a device with more memory.") from err
+    logger.warning("micro_batch_size='auto': b = %d samples per micro-batch, found at the "
+                   "first batch of %d (probes, b and whether it fitted: %s).",
+                   size, samples, probes)
+    return size

@@ -156,16 +156,21 @@ def check_micro_batch_size(value: Any) -> int | str | None:
     a positive int, ``"auto"`` or ``None`` (no split: ``accum_steps`` counts micro-batches).
 
     Raises:
-        ValueError: for 0, a negative number, a float, a bool or an unknown string, naming the
+        TypeError: for a float, a bool or any other non-integer, non-string value (as
+            ``accum_steps`` does), naming the accepted values.
+        ValueError: for 0, a negative number or a string other than ``"auto"``, naming the
             accepted values.
     """
     if value is None or (isinstance(value, str) and value == AUTO):
         return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(
+    wrong_type = isinstance(value, bool) or not isinstance(value, numbers.Integral | str)
+    if wrong_type or isinstance(value, str) or value < 1:
+        error = TypeError if wrong_type else ValueError
+        of_type = f" of type {type(value).__name__}" if wrong_type else ""
+        raise error(
             f"`micro_batch_size` must be a positive int (the samples of one micro-batch, e.g. "
             f"16: `fit(batch_size=64)` then makes one update from 4 micro-batches of 16) or "
-            f"'auto' (the largest that fits on the device), got {value!r}."
+            f"'auto' (the largest that fits on the device), got {value!r}{of_type}."
         )
     return int(value)
 

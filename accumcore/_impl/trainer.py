@@ -42,6 +42,7 @@ from accumcore._impl.gradients import (
 )
 from accumcore._impl.nonfinite import NonFinitePolicy
 from accumcore._impl.rule import variable_name
+from accumcore._impl.search import largest_micro_batch
 from accumcore._impl.settings import (
     AUTO,
     check_choice,
@@ -49,7 +50,7 @@ from accumcore._impl.settings import (
     resolve_accum_steps,
     warn_if_float16_without_loss_scaling,
 )
-from accumcore._impl.state import AccumulationState
+from accumcore._impl.state import AccumulationState, take
 
 MODES = ("eager", "function", "graph")
 
@@ -76,8 +77,13 @@ class AccumTrainer:
         accum_steps: K: each batch given is a micro-batch, K of them per update.
         micro_batch_size: b: each batch given is the recipe's batch B, split inside the step
             into micro-batches of at most b samples, one update per batch (not with
-            ``accum_steps``). The old form ``effective_batch_size=B, micro_batch_size=b`` (K
-            = B / b, batches of b) still works and warns, naming the new call.
+            ``accum_steps``). ``"auto"``: b is the largest that fits one micro-batch's forward
+            and backward pass on the device, searched at the first batch (from that batch's
+            size, halved while it runs out of memory, then bisected) and kept; under a
+            strategy the smallest over every replica and worker. A later step that runs out
+            of memory raises (``fit`` through ``accumulate`` reruns it instead). The old
+            form ``effective_batch_size=B, micro_batch_size=b`` (K = B / b, batches of b)
+            still works and warns, naming the new call.
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default; a window with a NaN or Inf is discarded whole and
@@ -172,10 +178,11 @@ class AccumTrainer:
         return self.state.accum_steps
 
     @property
-    def micro_batch_size(self) -> int | None:
+    def micro_batch_size(self) -> int | str | None:
         """The samples b of the micro-batches each batch given is split into (one update per
-        batch); ``None``: each batch is a micro-batch, ``accum_steps`` per update."""
-        return self.state.settings.micro_batch_size
+        batch; for ``"auto"`` the size found at the first batch, ``"auto"`` until then);
+        ``None``: each batch is a micro-batch, ``accum_steps`` per update."""
+        return self.state.micro_batch_size
 
     @property
     def end_of_epoch(self) -> str:
@@ -326,6 +333,7 @@ class AccumTrainer:
         """:meth:`train_micro_batch` without the non-finite check (``fit`` checks per epoch:
         a stopped state discards every later window)."""
         self.build(x)
+        self._find_micro_batch(x, y, sample_weight)
         if not compiled:
             return self._run_step(x, y, sample_weight)
         if self._micro_fn is None:
@@ -336,6 +344,37 @@ class AccumTrainer:
             if specs is not None:
                 self._micro_fn.get_concrete_function(*specs)
         return self._micro_fn(x, y, sample_weight)
+
+    def _find_micro_batch(self, x: Any, y: Any, sample_weight: Any, *,
+                          replicas: int = 1) -> None:
+        """``micro_batch_size="auto"``, at the first batch: the largest b that fits one
+        micro-batch's forward and backward pass on this device
+        (``search.largest_micro_batch``), the smallest over every replica and worker under a
+        strategy; kept for the run (``replicas``: the replicas ``x`` is shared by, when it is
+        not distributed)."""
+        if self.state.micro_batch_size != AUTO:
+            return
+        strategy = self._strategy
+        local = distribute.first_local(strategy, (x, y, sample_weight))
+        samples = -(-int(first_leaf(local[0]).shape[0]) // replicas)  # one replica's share
+
+        def grads_of(xi, yi, wi):
+            out = summed_loss_gradients(self.model, self._loss_of, xi, yi, wi,
+                                        normalizer=self._weighting, optimizer=self.optimizer)
+            return tf.add_n([tf.reduce_sum(tf.cast(getattr(g, "values", g), tf.float32))
+                             for g in out.grads if g is not None])
+
+        step = tf.function(grads_of, jit_compile=self.jit_compile)
+
+        def probe(batch: Any, size: int) -> float:  # reading the sum makes the pass run
+            piece = take(batch, 0, size)
+            out = step(*piece) if strategy is None else strategy.run(step, args=piece)
+            return sum(float(v) for v in distribute.local_values(strategy, out)) \
+                if strategy is not None else float(out)
+
+        restored = [v for v in self.model.variables if not v.trainable]
+        size = largest_micro_batch(probe, local, samples, restored)
+        self.state.micro_batch_size = distribute.smallest_everywhere(strategy, size)
 
     # ------------------------------------------------------------------ one window, in graph
     def window_step(self, x, y=None, sample_weight=None):
@@ -355,9 +394,10 @@ class AccumTrainer:
         """
         self.build(x)
         self._check_window_step()
+        self._find_micro_batch(x, y, sample_weight)
         n = int(first_leaf(x).shape[0])
         size = self.micro_batch_size or -(-n // self.accum_steps)  # ceil(n / K)
-        if self.micro_batch_size is not None and n <= size and not self._warned_unsplit:
+        if self._warns_unsplit() and n <= size and not self._warned_unsplit:
             self._warned_unsplit = settings.warn_if_nothing_split(
                 size, 1, 1, "`AccumTrainer(..., accum_steps=K)`")
         loss = self._window_fn(x, y, sample_weight, size)
@@ -493,14 +533,25 @@ class AccumTrainer:
     def _warn_if_nothing_split(self, before: tuple[int, int]) -> None:
         """After ``fit``'s first epoch: warn if ``micro_batch_size`` is given but no batch
         was split (``before``: the counts at its start; ``settings.warn_if_nothing_split``)."""
+        if not self._warns_unsplit():
+            return
         after = _split_counts(self.state)
         settings.warn_if_nothing_split(self.micro_batch_size, after[0] - before[0],
                                        after[1] - before[1], "`AccumTrainer(..., accum_steps=K)`")
 
+    def _warns_unsplit(self) -> bool:
+        """Whether a batch of at most b is warned about: with an int ``micro_batch_size``
+        (``"auto"`` that found b = B logs so itself)."""
+        given = self.state.settings.micro_batch_size
+        return given is not None and given != AUTO
+
     def _graph_epoch(self, dataset: tf.data.Dataset, source: datasets.EpochSource) -> list[tuple]:
         """One epoch as one compiled function (``mode="graph"``): its per-micro-batch records."""
         for batch in dataset.take(1):  # build eagerly before tracing
-            self.build(keras.utils.unpack_x_y_sample_weight(batch)[0])
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(batch)
+            self.build(x)
+            self._find_micro_batch(x, y, sample_weight,
+                                   replicas=distribute.replicas_in_sync(self._strategy))
         return epoch_loop.graph_records(self, self._epoch_fn, source)
 
     def compiled_function(self, entry: str) -> Any:
@@ -566,17 +617,6 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
         )
         return {"accum_steps": k}, micro_batch_size
     settings.require_a_way(accum_steps, micro_batch_size, "AccumTrainer")
-    if isinstance(micro_batch_size, str) and micro_batch_size == AUTO:
-        raise ValueError(
-            "AccumTrainer takes `micro_batch_size` as an int: 'auto' (b searched on the "
-            "device) is found by `model.fit`: use `accumcore.accumulate(model, "
-            "micro_batch_size='auto')` and `model.fit(x, y, batch_size=B)`, or find b "
-            "once with `accumcore.memory.plan_accumulation(accumcore.memory.oom_probe("
-            "accumcore.memory.gradient_step_probe(...)), B).micro_batch_size` and pass it "
-            "here. Under MultiWorkerMirroredStrategy only AccumTrainer trains (Keras's "
-            "`fit` fails there, keras-team/keras#20585): find b on one worker and give every "
-            "worker that int."
-        )
     given = dict(accum_steps=accum_steps, micro_batch_size=micro_batch_size)
     return {name: value for name, value in given.items() if value is not None}, None
 

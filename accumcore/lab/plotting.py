@@ -77,6 +77,7 @@ def curves(
     logy: bool = False,
     markers: bool = True,
     legend_loc: str = "best",
+    style_start: int = 0,
 ) -> Axes:
     """Overlay several curves, one colour, line style and marker per series.
 
@@ -90,6 +91,9 @@ def curves(
         logx, logy: logarithmic axes.
         markers: draw a marker at every point (off for long curves).
         legend_loc: passed to ``ax.legend``.
+        style_start: the style (colour, line style, marker) of the first series; series ``i``
+            takes style ``style_start + i``, so that a figure of differences to the first run
+            of an earlier figure draws each difference in the style of the run it measures.
 
     Returns:
         The axes. Series are drawn in order, so a later dashed series stays visible on top of
@@ -100,7 +104,7 @@ def curves(
         raise ValueError("`series` is empty: pass at least one {label: values} entry.")
     ax = _axes(ax)
     whole_x = True  # every x a whole number (epochs, steps): integer ticks only
-    for i, (label, values) in enumerate(series.items()):
+    for i, (label, values) in enumerate(series.items(), start=style_start):
         if isinstance(values, tuple) and len(values) == 2:
             xs, ys = np.asarray(values[0], float), np.asarray(values[1], float)
         else:
@@ -115,7 +119,7 @@ def curves(
         ax.plot(
             xs, ys, label=str(label), color=color(i), linestyle=_LINESTYLES[i % 4],
             marker=_MARKERS[i % len(_MARKERS)] if markers else None, markersize=4,
-            linewidth=1.8 if i == 0 else 1.4,
+            linewidth=1.8 if i == style_start else 1.4,
         )
     if logx:
         ax.set_xscale("log")
