@@ -1,6 +1,9 @@
 """The window rule, whole: a micro-batch in, a window out.
 
 * :func:`step`: one micro-batch of any entry point: :func:`add`, then :func:`close_window`.
+* :func:`single_window`: a window of exactly one micro-batch (a batch not split, K = 1): a
+  clean one applied directly (:func:`apply_direct`, the accumulators untouched), any other
+  through :func:`add` and :func:`close`.
 * :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
   window's accumulators and ``c_i`` to its weight ``W`` (and the gradient of its sums over
   samples beside a mean loss, ``U_i``, to the undivided accumulators).
