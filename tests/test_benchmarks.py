@@ -913,3 +913,18 @@ def test_split_fit_plot_has_a_bar_per_ratio_targets_and_labels():
         assert any(c.get_offsets().shape[0] == 2 for c in ax.collections)  # two targets
     finally:
         plt.close(ax.figure)
+
+
+def test_fast_path_benchmark_pairs_plain_fit_with_b_equal_to_the_batch_and_auto():
+    import fast_path  # benchmarks/ is on sys.path (see `suite` above)
+
+    result = fast_path.measure("mlp", rounds=1, samples=128, spes=(1, 2))
+    assert set(result) == {"spe1", "spe2"}
+    for figures in result.values():
+        assert set(figures["seconds"]) == set(figures["cpu_seconds"]) == set(fast_path.KINDS)
+        assert all(len(s) == 1 and s[0] > 0 for s in figures["seconds"].values())
+        assert all(len(s) == 1 for s in figures["cpu_seconds"].values())
+        assert set(figures["ratios"]) == set(figures["cpu_ratios"]) == {
+            f"{a}/{b}" for a, b in fast_path.RATIOS}
+        plain, fixed = figures["seconds"]["plain"][0], figures["seconds"]["fixed"][0]
+        assert figures["ratios"]["fixed/plain"]["median"] == pytest.approx(plain / fixed)

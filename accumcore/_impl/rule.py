@@ -1,6 +1,9 @@
 """The window rule, whole: a micro-batch in, a window out.
 
 * :func:`step`: one micro-batch of any entry point: :func:`add`, then :func:`close_window`.
+* :func:`single_window`: a window of exactly one micro-batch (a batch not split, K = 1): a
+  clean one applied directly (:func:`apply_direct`, the accumulators untouched), any other
+  through :func:`add` and :func:`close`.
 * :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
   window's accumulators and ``c_i`` to its weight ``W`` (and the gradient of its sums over
   samples beside a mean loss, ``U_i``, to the undivided accumulators).
@@ -90,6 +93,10 @@ class Plan:
         accum_steps: K, the micro-batches that make a window due.
         normalize: whether the window's sum is divided by ``W`` (``False``: a summed loss).
         hooks: the state's window hooks, ``hook(applied: bool)`` (window-level BatchNorm).
+        flags: the per-micro-batch check, ``flags(grads, weight) -> bool scalar`` (``True``:
+            the micro-batch is left out or condemns its window), or ``None`` (none).
+        direct: whether a window of one micro-batch may be applied without the accumulators
+            (:func:`single_window`): one replica, and the policy's own ``admit``.
     """
 
     admit: Callable
@@ -105,6 +112,8 @@ class Plan:
     accum_steps: int
     normalize: bool
     hooks: Sequence
+    flags: Callable | None = None
+    direct: bool = False
 
 
 def plan(policy: NonFinitePolicy, optimizer, replicas, stop: Stop, *, accum_steps: int = 1,
@@ -126,7 +135,7 @@ def plan(policy: NonFinitePolicy, optimizer, replicas, stop: Stop, *, accum_step
     if loss_scaling.is_loss_scale_optimizer(optimizer):
         if not replicas.distributed:
             return Plan(_admit_all, False, _no_check, _never, _nothing, apply_update, _nothing,
-                        **common)
+                        direct=True, **common)
         return Plan(_admit_all, False, window_nonfinite, _never, _nothing, _apply_unscaled,
                     loss_scaling.update_scale, **common)
 
@@ -139,7 +148,10 @@ def plan(policy: NonFinitePolicy, optimizer, replicas, stop: Stop, *, accum_step
     # A policy that checks no micro-batch adds every one: the same as its own `admit`.
     checks_none = policy.should_skip is None and type(policy).admit is NonFinitePolicy.admit
     return Plan(_admit_all if checks_none else policy.admit, policy.condemns_window,
-                policy.judge_window, stopped, on_skip, apply_update, _nothing, **common)
+                policy.judge_window, stopped, on_skip, apply_update, _nothing,
+                flags=policy.should_skip,
+                direct=not distributed and type(policy).admit is NonFinitePolicy.admit,
+                **common)
 
 
 def present_of(grads: Sequence) -> tuple[int, ...]:
@@ -170,6 +182,67 @@ def step(window: Window, counters: Counters, plan: Plan, optimizer, variables: l
         undivided)
     return plan.decide(functools.partial(close_if_due, window, counters, plan, optimizer,
                                          variables, present, force=False))
+
+
+def single_window(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+                  present: Sequence[int], grads: Sequence, weight, samples) -> tf.Tensor:
+    """A window of exactly one micro-batch, opened and closed by this call (a batch that is
+    not split, or K = 1), on one replica (``plan.direct``): where the window is empty, the
+    micro-batch is clean (no check flags it, its gradient sums and weight are finite, it has
+    samples) and training is not stopped, its mean gradient ``grads / c_i`` goes to the
+    optimizer directly (:func:`apply_direct`), the accumulators untouched; otherwise
+    :func:`add` and :func:`close`, as a window of one micro-batch always closes. Either way
+    the same update and counts.
+
+    Args: as :func:`step` (``undivided``: none).
+
+    Returns:
+        bool scalar: whether an optimizer update was applied.
+    """
+    weight, samples = tf.cast(weight, tf.float32), tf.cast(samples, tf.int64)
+    bad = tf.logical_or(plan.judge([grads[i] for i in present]) > 0,
+                        tf.logical_not(tf.math.is_finite(weight)))
+    if plan.flags is not None:
+        bad = tf.logical_or(bad, plan.flags(grads, weight))
+    clean = tf.logical_and(tf.logical_and(tf.logical_not(bad), samples > 0),
+                           tf.logical_and(tf.logical_not(plan.stopped()),
+                                          tf.equal(window.micro_step, 0)))
+
+    def through_window() -> tf.Tensor:
+        add(window, counters, plan, grads, weight, samples)
+        return close(window, counters, plan, optimizer, variables, present)
+
+    return tf.cond(clean, functools.partial(apply_direct, window, counters, plan, optimizer,
+                                            variables, present, grads, weight, samples),
+                   through_window)
+
+
+def apply_direct(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
+                 present: Sequence[int], grads: Sequence, weight: tf.Tensor,
+                 samples: tf.Tensor) -> tf.Tensor:
+    """A clean window of one micro-batch applied without its accumulators: what :func:`add`
+    and :func:`close` compute (each gradient dense, in its accumulator's dtype, times
+    ``1 / c_i``: an ``IndexedSlices`` made dense as the window's sum is, because Keras's
+    optimizers update repeated rows of a sparse gradient differently) and count
+    (``windows_applied``, or for a ``LossScaleOptimizer`` that skips an overflow
+    ``windows_skipped`` and ``samples_dropped``). Returns whether an update was applied."""
+    scale = tf.math.divide_no_nan(1.0, weight)
+    means = [None] * len(window.accumulators)
+    for i in present:
+        g = dense(grads[i], window.accumulators[i].dtype)
+        means[i] = g * tf.cast(scale, g.dtype) if plan.normalize else g
+    applied = plan.update(optimizer, variables, means)
+    plan.after_update(optimizer, applied)
+    counters.micro_batches_seen.assign_add(1)
+    counters.samples_seen.assign_add(samples)
+    if tf.get_static_value(applied) is not None and bool(tf.get_static_value(applied)):
+        counters.windows_applied.assign_add(1)
+        return tf.convert_to_tensor(applied)
+    applied_n = tf.cast(applied, tf.int64)
+    counters.windows_applied.assign_add(applied_n)
+    counters.windows_skipped.assign_add(1 - applied_n)
+    counters.samples_dropped.assign_add((1 - applied_n) * samples)
+    return tf.convert_to_tensor(applied)
 
 
 def close_window(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
@@ -285,6 +358,14 @@ def window_sums(window: Window, present: Sequence[int]) -> list:
     ``present``, then the undivided ones in ``present`` (where they exist)."""
     return [window.accumulators[i] for i in present] + (
         [window.undivided[i] for i in present] if window.undivided else [])
+
+
+def dense(g, dtype: tf.DType) -> tf.Tensor:
+    """A gradient (dense or ``IndexedSlices``: its rows summed) as a dense tensor of
+    ``dtype``, as its accumulator would hold it."""
+    if isinstance(g, tf.IndexedSlices):
+        g = tf.IndexedSlices(tf.cast(g.values, dtype), g.indices, g.dense_shape)
+    return tf.cast(tf.convert_to_tensor(g), dtype)
 
 
 def add_gradient(accumulator: tf.Variable, g, distributed: bool) -> None:

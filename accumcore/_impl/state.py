@@ -340,14 +340,35 @@ class AccumulationState(tf.Module):
         rule.check_variables(self._variables.value, variables)
         window, counters, plan = self._checked(grads, optimizer, undivided)
         plan.replicas.require_replica_context()
+        if plan.accum_steps == 1 and self._direct(plan, undivided):  # K = 1: no accumulators
+            self._build_optimizer(optimizer, variables)
+            return rule.single_window(window, counters, plan, optimizer,
+                                      list(self._variables.value), self._present.value,
+                                      grads, weight, samples)
         return rule.step(window, counters, plan, optimizer, list(self._variables.value),
                          self._present.value, grads, weight, samples, undivided)
+
+    def _direct(self, plan: rule.Plan, undivided: Sequence | None) -> bool:
+        """Whether a window of one micro-batch goes to the optimizer without the accumulators
+        (``rule.single_window``): the plan allows it, no window hook (window-level BatchNorm)
+        and no ``undivided`` gradients."""
+        return plan.direct and not plan.hooks and undivided is None
+
+    def _build_optimizer(self, optimizer, variables: Sequence | None) -> None:
+        """Build an optimizer not built yet (a new one from ``compile``) for ``variables``
+        (one replica; eagerly, also inside a trace)."""
+        if variables is not None and not self.replicas.distributed and not optimizer.built:
+            with tf.init_scope():
+                optimizer.build(list(variables))
 
     def one_window(self, optimizer, variables: Sequence, batch: tuple, size: int,
                    contribute: Callable) -> tuple:
         """One batch as one window, in one traced step: the batch cut into micro-batches of
         ``size`` samples (:func:`micro_batches`: the last may be smaller), each added
-        (:meth:`accumulate`), then the window closed once (:meth:`apply_window`).
+        (:meth:`accumulate`), then the window closed once (:meth:`apply_window`). A batch of
+        at most ``size`` samples (known when traced, else decided by a ``tf.cond`` on its
+        size) is one micro-batch: on one replica its window goes to the optimizer without
+        the accumulators (``rule.single_window``), the same update and counts.
 
         Args:
             optimizer: the Keras optimizer the window is applied with.
@@ -371,9 +392,29 @@ class AccumulationState(tf.Module):
             self.accumulate(out.grads, out.weight, out.samples, optimizer, out.undivided)
             return totals[0] + out.weighted_loss, totals[1] + out.log_weight
 
-        totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
-        applied = self.apply_window(optimizer)
-        return tf.math.divide_no_nan(*totals), totals[1], applied
+        def split() -> tuple:
+            totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
+            applied = self.apply_window(optimizer)
+            return tf.math.divide_no_nan(*totals), totals[1], applied
+
+        def whole() -> tuple:  # the batch is one micro-batch: its window skips accumulators
+            out = contribute(*batch)
+            loss = tf.math.divide_no_nan(out.weighted_loss, out.log_weight)
+            window, counters, plan = self._checked(out.grads, optimizer, out.undivided)
+            if not self._direct(plan, out.undivided):
+                self.accumulate(out.grads, out.weight, out.samples, optimizer, out.undivided)
+                return loss, out.log_weight, self.apply_window(optimizer)
+            self._build_optimizer(optimizer, variables)
+            return loss, out.log_weight, rule.single_window(
+                window, counters, plan, optimizer, list(self._variables.value),
+                self._present.value, out.grads, out.weight, out.samples)
+
+        if self.replicas.distributed:
+            return split()
+        n_static = first_leaf(batch[0]).shape[0]
+        if n_static is not None:
+            return whole() if n_static <= size else split()
+        return tf.cond(tf.shape(first_leaf(batch[0]))[0] <= size, whole, split)
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
@@ -391,9 +432,7 @@ class AccumulationState(tf.Module):
             bool scalar: whether an optimizer update was applied.
         """
         window, counters, _ = self._pieces_checked()
-        if variables is not None and not self.replicas.distributed and not optimizer.built:
-            with tf.init_scope():
-                optimizer.build(list(variables))
+        self._build_optimizer(optimizer, variables)
         if not self.normalize and self.replicas.distributed:
             raise ValueError(SUM_UNDER_STRATEGY)
         plan, present = self.plan(optimizer), self._present.value
