@@ -166,6 +166,7 @@ class ResumableLoop:
         )
         #: Whether the last :meth:`fit` started from a checkpoint.
         self.resumed = False
+        self._saved_multiple = 0  # the last multiple of save_every saved at (fit sets it)
 
     # ------------------------------------------------------------------ helpers
     def _build(self, make: Callable[[int], tf.data.Dataset], epoch: int) -> None:
@@ -221,7 +222,7 @@ class ResumableLoop:
         # The history's running sums continue from the checkpoint (or the last fit).
         self._book = book = HistoryBook({k: float(v.numpy()) for k, v in self._sums.items()})
 
-        saved_at = [int(state.micro_batches_seen.numpy()) // self.save_every]
+        self._saved_multiple = int(state.micro_batches_seen.numpy()) // self.save_every
 
         def after(step: int, record: tuple) -> None:
             # Host reads per micro-batch (per batch when it is split; after the non-finite
@@ -229,10 +230,7 @@ class ResumableLoop:
             # checkpointed with the state.
             loss, weight, applied = record
             book.micro_batch(float(loss), float(weight), bool(applied))
-            multiple = int(state.micro_batches_seen.numpy()) // self.save_every
-            if multiple > saved_at[0]:  # reached or passed the next multiple of save_every
-                saved_at[0] = multiple
-                self.save()
+            self._save_if_due()
             if on_micro_batch_end is not None:
                 on_micro_batch_end(trainer.epoch, step)
 
@@ -251,6 +249,14 @@ class ResumableLoop:
         history = book.history
         history.counters = state.counters()
         return history
+
+    def _save_if_due(self) -> None:
+        """Save when the micro-batches run reached or passed the next multiple of
+        ``save_every`` (a split batch runs several at once)."""
+        multiple = int(self.trainer.state.micro_batches_seen.numpy()) // self.save_every
+        if multiple > self._saved_multiple:
+            self._saved_multiple = multiple
+            self.save()
 
     def _restore_or_start(self, make: Callable[[int], tf.data.Dataset]) -> tuple[int, Any]:
         """The epoch to start at and its dataset iterator: restored from the latest checkpoint
