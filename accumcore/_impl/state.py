@@ -508,12 +508,13 @@ class AccumulationState(tf.Module):
         where = f" at the end of epoch {epoch + 1}" if epoch is not None else ""
         if policy == "drop":
             logger.warning(
-                "end_of_epoch='drop': discarding a partial window of %d micro-batches "
-                "(%d samples)%s.", pending, int(self.window_samples.numpy()), where)
+                "end_of_epoch='drop': discarding a partial window of %d micro-batch%s "
+                "(%d samples)%s.", pending, "" if pending == 1 else "es",
+                int(self.window_samples.numpy()), where)
             self.drop_window()
             return "dropped"
-        logger.info("end_of_epoch='carry': %d micro-batches carried into the next epoch.",
-                    pending)
+        logger.info("end_of_epoch='carry': %d micro-batch%s carried into the next epoch.",
+                    pending, "" if pending == 1 else "es")
         return "carried"
 
     def flush(self, optimizer, variables: Sequence | None = None) -> bool:
