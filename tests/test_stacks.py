@@ -4,8 +4,9 @@ not run.
 The stacks are the pins of ``requirements.txt`` (the main leg: everything), on the Python of the
 build that publishes the book (``.github/workflows/book.yml``; CI's machine has the same), and
 the ``LEGS`` of ``scripts/test-stacks.sh`` (Colab's stack on Colab's Python, the declared
-minimum). The versions page (``book/reference/versions.md``) has one row per stack with its
-Python and what it is for a reader (the book's stack, Colab's), the README's "Supported versions" names each with its Python,
+minimum). The versions page (``book/reference/versions.md``) has one row per stack with
+its Python and what it is for a reader (the book's stack, Colab's), the README's "Supported
+versions" names each with its Python,
 ``import accumcore`` accepts exactly down to the oldest of them (and its error names them all),
 and ``pyproject.toml``'s extras ask for that minimum, its ``requires-python`` for the oldest
 tested Python and its classifiers name exactly the tested Pythons.
