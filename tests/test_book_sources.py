@@ -272,3 +272,11 @@ def test_appendix_b_signatures_and_type_hints_name_keras_classes_publicly():
         "accumcore.AccumulationState | None"
     assert module.public_keras_names("accumcore._impl.rule.NotExported") == \
         "accumcore._impl.rule.NotExported"
+    # TensorFlow's classes: their tf. name (NonFinitePolicy's should_skip hint), where
+    # TensorFlow exports one; other names unchanged
+    assert module.public_keras_names(
+        "Callable[[Sequence, tensorflow.python.framework.tensor.Tensor], "
+        "tensorflow.python.framework.tensor.Tensor] | None") == \
+        "Callable[[Sequence, tf.Tensor], tf.Tensor] | None"
+    assert module.public_keras_names("tensorflow.python.not_a.Class") == \
+        "tensorflow.python.not_a.Class"
