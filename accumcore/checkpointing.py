@@ -25,16 +25,16 @@ of the epoch the checkpoint already contains and turns exactly those batches int
 :class:`SkipTrainedBatches` does the same after reloading a mid-epoch ``ModelCheckpoint``.
 
 Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
-the checkpointed ``tf.data`` iterator carries its shuffle buffer and (TensorFlow 2.21,
-measured by ``tests/test_resume.py``) the state of a ``shuffle(..., seed=s)`` seed
+the checkpointed ``tf.data`` iterator carries its shuffle buffer and (on the supported
+TensorFlow versions) the state of a ``shuffle(..., seed=s)`` seed
 generator, so the epochs after the resumed one get the same orders as without the
 interruption, provided the same dataset object is passed for every epoch and the same global
 seed (``keras.utils.set_random_seed``) is set at the start of the restarted process. A
 callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
 reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
-holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (measured with
-Keras 3.15 on TensorFlow) for ``fit(x, y, shuffle=True)`` with arrays after
+holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (in Keras
+3.15) for ``fit(x, y, shuffle=True)`` with arrays after
 ``keras.utils.set_random_seed``, which then uses the *same* permutation in every epoch.
 Without a global seed the permutation differs between processes and no resume is exact.
 """
@@ -328,7 +328,7 @@ class SkipTrainedBatches(keras.callbacks.Callback):
         self.batches = batches
         self._remaining_calls = 0
         self._last_call_skipped = False
-        #: Number of batches skipped so far (for tests and logs).
+        #: Number of batches this callback has turned into no-ops so far.
         self.skipped = 0
 
     def _calls(self, batches: int) -> int:

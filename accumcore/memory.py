@@ -6,10 +6,10 @@ reached), then bisects between the last size that fitted and the first that did 
 ``multiple_of=m`` only multiples of m are probed (e.g. 8 for tensor-core friendly shapes), which
 also shortens the search. Each probe that runs out of memory costs real time on a GPU (TensorFlow's
 allocator retries for a while before it raises), so the number of probes is kept logarithmic:
-about ``log2(b_max / start)`` doublings plus ``log2(b_max / multiple_of)`` bisection steps.
+at most ``log2(b_max / start) + log2(b_max / multiple_of) + 3`` probes, b_max the result.
 
-The search logic (:func:`largest_fitting`) takes any predicate ``fits(b) -> bool``, so it is
-tested on CPU with an injected predicate; :func:`oom_probe` turns a training step into such a
+The search logic (:func:`largest_fitting`) takes any predicate ``fits(b) -> bool`` (your own
+rule, or a real training step); :func:`oom_probe` turns a training step into such a
 predicate by catching ``tf.errors.ResourceExhaustedError``, and :func:`plan_accumulation` puts the
 two together::
 

@@ -474,7 +474,7 @@ def _breakdown_section(results: dict[str, Any]) -> list[str]:
         "Where the time of an accumulated micro-batch goes: each variant adds one ingredient "
         "of accumulation to the one before, all as a whole epoch in one `tf.function` (like "
         "`mode=\"graph\"` and the floor (8)). `optimizer` is the minimal correct accumulator "
-        "(9) of `benchmarks/minimal.py`, its whole-epoch function `minimal_graph` (no checks); "
+        "(9), its whole-epoch function `minimal_graph` (no checks); "
         "from it to `accumcore` is accumcore's own bookkeeping (NaN/Inf checks, "
         "further counters, window hooks, per-micro-batch loss records), split by the same loop "
         "traced without the NaN/Inf check (a diagnostic). The last three rows are `model.fit` "
@@ -534,6 +534,10 @@ _MEMORY_NOTE = (
     "its activations. Peaks of one configuration can differ by a few MiB from run to run "
     "(thread scheduling changes which buffers are alive at the same time; window_step at "
     "K=16 peaked at 67.9 and 71.0 MiB in two runs of the same code during development).")
+#: Where :data:`_MEMORY_NOTE`'s example of two runs starts: the reader's page, which shows one
+#: run, ends the sentence there.
+_MEMORY_NOTE_RUNS = "; window_step at K=16 peaked"
+_READER_MEMORY_RUNS = ")."
 
 
 def _memory_section(results: dict[str, Any], plot_prefix: str) -> list[str]:
@@ -766,7 +770,9 @@ def render(result_dirs: Sequence[str], md_dir: str) -> str:
 #: them and the maintainers' own measures (unit-test seconds, code lines) stay in RESULTS.md.
 #: ``tests/test_benchmark_reader.py`` checks the committed page and a fake run against it.
 READER_FORBIDDEN = ("target", "missed", "issue", "checks met", "met in", "threshold",
-                    "unit tests", "code lines", "tests/", "**no**")
+                    "unit tests", "code lines", "tests/", "**no**", "minimal.py",
+                    "--rounds", "TF_CPU_BFC", "during development", "while sizing", "![ratios]",
+                    "![memory]")
 
 
 def _span(values: Sequence[float | None], digits: int = 2) -> str:
@@ -832,7 +838,7 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
         "without.",
         f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9)*: "
-        f"{span('vs_minimal')}. The minimal accumulator (`benchmarks/minimal.py`) is the least "
+        f"{span('vs_minimal')}. The minimal accumulator is the least "
         "code that is still exact (the gradient of the summed loss added into accumulators, "
         "one `tf.cond` that divides once and applies), so this ratio is the price of "
         "accumcore's own bookkeeping, compiled the same way.",
@@ -853,7 +859,8 @@ def _reader_ratios_plot(plot_prefix: str) -> list[str]:
     return ["#### Ratios per cell", "",
             "The ratios of the summary above for each (model, b, K) cell, each comparison with "
             "the fastest configuration it names; the dashed line marks 1, as fast.", "",
-            f"![ratios]({plot_prefix}ratios.png)", ""]
+            f"![Each ratio of the summary for every (model, b, K) cell, against a dashed line "
+            f"at 1]({plot_prefix}ratios.png)", ""]
 
 
 def _reader_ops(results: dict[str, Any]) -> list[str]:
@@ -889,8 +896,8 @@ def _reader_nonfinite_cost(record: dict[str, Any] | None) -> list[str]:
     if not record:
         return []
     return [f"`AccumModel.fit` over `fit` with Keras's accumulation, as shipped and traced "
-            "without its NaN/Inf check (which Keras does not have): `python "
-            f"benchmarks/nonfinite_cost.py --rounds {record['rounds']}` ({record['created']}; "
+            f"without its NaN/Inf check (which Keras does not have): {record['rounds']} rounds "
+            f"({record['created']}; "
             f"MLP, b={record['micro_batch']}, K={record['accum_steps']}, "
             f"{_nonfinite_cost_samples(record):,} synthetic samples per epoch). Every round fits "
             "one epoch with each model back to back; the table gives the median "
@@ -908,8 +915,8 @@ def _reader_accumulate_lm(record: dict[str, Any] | None) -> list[str]:
             f"{c['hidden']} wide, {c['sequences']} sequences of {c['length']} tokens, b="
             f"{c['micro_batch']}, K={c['accum_steps']}, Adam with an `ExponentialDecay` "
             f"schedule; Keras {c['keras']}, KerasHub {c['keras_hub']}), against the same "
-            "model with Keras's `gradient_accumulation_steps`: `python benchmarks/"
-            f"accumulate_lm.py --rounds {c['rounds']}`. Each round fits one epoch with each, "
+            f"model with Keras's `gradient_accumulation_steps`, {c['rounds']} rounds. Each "
+            "round fits one epoch with each, "
             "in alternating order.", "",
             "| throughput, accumulate / Keras | paired median [95 % interval] | best of N |",
             "|---|---|---|",
@@ -936,19 +943,20 @@ def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
     for r in results["memory"]:
         if r.get("error"):
             lines.append(f"\n- {r['method']} K={r['accum_steps']} failed: {r['error']}")
-    lines += ["", f"![memory]({plot_prefix}memory.png)", ""]
+    lines += ["", f"![Peak memory in MiB against K, for plain training at B = K·b and each way "
+              f"to accumulate]({plot_prefix}memory.png)", ""]
     plain = table.get("plain", {})
     flat = [max(p.values()) / min(p.values()) for m, p in table.items()
             if m != "plain" and len(p) > 1]
+    note = _MEMORY_NOTE[:_MEMORY_NOTE.index(_MEMORY_NOTE_RUNS)] + _READER_MEMORY_RUNS
     if len(plain) > 1 and flat:
         lo, hi = min(plain), max(plain)
         lines += [f"Plain training at B = K·b grew {plain[hi] / plain[lo]:.1f} times from K={lo} "
                   f"to K={hi}; accumulating K micro-batches of b stayed within "
                   f"{100 * (max(flat) - 1):.1f} % of its lowest peak at every K, because the "
-                  "accumulators (one copy of the weights) are allocated once. " + _MEMORY_NOTE,
-                  ""]
+                  "accumulators (one copy of the weights) are allocated once. " + note, ""]
     else:
-        lines += [_MEMORY_NOTE, ""]
+        lines += [note, ""]
     return lines
 
 
@@ -973,7 +981,24 @@ def _reader_tracing(results: dict[str, Any]) -> list[str]:
 def _reader_probe(results: dict[str, Any]) -> list[str]:
     if not results.get("probe"):
         return ["Not run in this mode."]
-    return [line.replace(": target B=", ", for updates of B=") for line in _probe_section(results)]
+    return [line.replace(": target B=", ", for updates of B=")
+            .replace(" (`TF_CPU_BFC_MEM_LIMIT_IN_MB`)", "") for line in _probe_section(results)]
+
+
+def _reader_throughput_tables(results: dict[str, Any]) -> list[str]:
+    """:func:`_throughput_tables` without plots, each model's skipped configurations said
+    for a reader (the suite's own reasons, with its internal names, stay in RESULTS.md)."""
+    lines = []
+    for line in _throughput_tables(results, None):
+        if not line.startswith("- skipped "):
+            lines.append(line)
+        elif "_xla" in line:
+            lines.append("- Not timed on a CPU: this model's configurations compiled with XLA "
+                         "(`jit_compile=True`), which runs its convolution gradients far "
+                         "slower than TensorFlow's own CPU kernels; XLA is timed for the MLP.")
+        else:
+            lines.append("- Some configurations of this model were not timed in this run.")
+    return lines
 
 
 def _folded(title: str, lines: list[str]) -> list[str]:
@@ -1004,9 +1029,9 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
     :data:`READER_FORBIDDEN`). Image links are relative to ``md_dir``.
     """
     lines = ["# Results", "",
-             "<!-- Generated by `python benchmarks/run.py` (or `--report`) from results/*/"
-             "results.json for the book's benchmark page; the maintainers' report is "
-             "RESULTS.md. Do not edit by hand. -->", ""]
+             "<!-- Generated by run.py (or `run.py --report`) from results/*/results.json for "
+             "the book's benchmark page; the maintainers' report is RESULTS.md. Do not edit "
+             "by hand. -->", ""]
     for d in result_dirs:
         results = _load_run(d)
         name = os.path.basename(os.path.normpath(d))
@@ -1020,7 +1045,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
                       "Median of the interleaved repeats (± half the range over the repeats, in "
                       "% of the median); the summary above gives their ratios.", ""]
             lines += _folded("Every configuration's throughput, per model and cell",
-                             _throughput_tables(results, None))
+                             _reader_throughput_tables(results))
             lines += _reader_ratios_plot(prefix)
         lines += ["### Graph operations", ""] + _fold_tables(
             _reader_ops(results), "The operations of every entry point") + [""]

@@ -13,6 +13,9 @@ Keras's classes live in ``keras.src`` modules, so a signature's default value
 (``model_cls=<class 'keras.src.models.model.Model'>``) and a type hint name them there; a
 reader writes ``keras.Model``. Signatures and the recorded type hints are rewritten with the
 class's public name (:func:`public_keras_names`), found in Keras's public namespaces.
+TensorFlow's classes are defined in ``tensorflow.python`` modules
+(``tensorflow.python.framework.tensor.Tensor``); a reader writes ``tf.Tensor``, and so does the
+page.
 """
 
 from __future__ import annotations
@@ -66,6 +69,17 @@ def _public_names() -> dict[str, str]:
 
 
 _CLASS_REPR = re.compile(r"<class '([\w.]+)'>")
+_TF_PYTHON = re.compile(r"tensorflow\.python(?:\.\w+)*\.(\w+)")
+
+
+def _public_tensorflow(match: re.Match) -> str:
+    """``tf.Name`` for a ``tensorflow.python`` class that TensorFlow exports at its top level
+    under that name (``tensorflow.python.framework.tensor.Tensor`` -> ``tf.Tensor``); other
+    names unchanged."""
+    import tensorflow as tf
+
+    name = match.group(1)
+    return f"tf.{name}" if isinstance(getattr(tf, name, None), type) else match.group(0)
 _INTERNAL_OBJECT = re.compile(r"accumcore\._impl(?:\.\w+)*\.(\w+)")
 
 
@@ -82,10 +96,12 @@ def public_keras_names(text: str) -> str:
     """``text`` (a signature or a type hint) with every ``keras.src`` class path that Keras
     exports written by its public name (``keras.src.models.model.Model`` -> ``keras.Model``),
     and every internal accumcore object that ``accumcore`` exports by its public name
-    (``accumcore._impl.state.AccumulationState`` -> ``accumcore.AccumulationState``); other
-    text unchanged."""
+    (``accumcore._impl.state.AccumulationState`` -> ``accumcore.AccumulationState``), and
+    every ``tensorflow.python`` class by its ``tf.`` name (``tf.Tensor``); other text
+    unchanged."""
     names = _public_names()
     text = _KERAS_SRC.sub(lambda match: names.get(match.group(0), match.group(0)), text)
+    text = _TF_PYTHON.sub(_public_tensorflow, text)
     return _INTERNAL_OBJECT.sub(_public_accumcore, text)
 
 

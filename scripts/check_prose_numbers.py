@@ -24,7 +24,10 @@ this rule on the sources (``book/*.ipynb``) as well.
 
 The third rule: the sentences of ``KNOWN_CONTRADICTIONS`` (each contradicted by its own page's
 numbers when a reader found it, or machinery shown to readers) must not return, written or
-glued.
+glued. The Markdown pages (intro, API, appendix B, reference) are checked on their visible
+text against the page-wide entries and ``MARKDOWN_MACHINERY`` (the project's CI, its test
+commands, a run the reader cannot see: ``markdown_page_problems``), by
+``tests/test_prose_numbers.py``.
 
 The fourth rule: what only the build should see stays off the page: a visible code cell (or
 the output it shows) that names build machinery (``MACHINERY``: "hidden cell", cell tags, the
@@ -459,6 +462,12 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
                                 "supported')",
         r"\b(?:library|book)['’]s tests\b": "defers to the tests instead of showing: the page "
                                              "shows the fact with a computation, or drops it",
+        r"\btested (?:on|with) (?:CPU|GPU|an?\b|\d|`)": "where the project tested a row ('tested "
+                                                       "on CPU'), instead of what the library "
+                                                       "does",
+        r"\btests/\w+\.py\b": "a test file named to readers",
+        r"`_(?!_)[a-z]\w*`": "a private name (Keras's `_maybe_symbolic_build`, a dataclass's "
+                            "`_errors`): readers cannot call it",
         r"times the ~?\S+ of one (?:window|update)\b": "a whole run's distance measured in "
                                                       "one window's round-off (chapter 4's "
                                                       "'13,000 times the ~10^-6 of one "
@@ -466,6 +475,29 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
                                                       "run of the same length",
     },
 }
+
+
+#: What a Markdown page (the intro, the API page, appendix B, the reference pages) must not say
+#: beyond ``KNOWN_CONTRADICTIONS["*"]``: these pages state what the library does, so the
+#: project's CI, its benchmark run and its development are not theirs to report.
+MARKDOWN_MACHINERY: dict[str, str] = {
+    r"(?-i:\bCI\b)": "the project's CI named on a page that states what the library does",
+    r"\bcommitted run\b|\bduring development\b|\bwhile sizing\b": "a run the reader cannot "
+                                                                   "see",
+    r"\(for tests\b|\bthe benchmark smoke test\b": "the project's tests as a reason",
+    r"--dry-run\b|--nbval\b|\bpytest\b": "the project's test commands",
+}
+
+
+def markdown_page_problems(markdown: str) -> list[str]:
+    """The page-wide ``KNOWN_CONTRADICTIONS`` and ``MARKDOWN_MACHINERY`` found in a Markdown
+    page's visible text (its MyST ``%`` comments removed by the caller), one line each."""
+    page = {"cells": [{"cell_type": "markdown", "source": markdown}]}
+    text = page_text(page, outputs=False)
+    return known_contradictions("*", page, outputs=False) + [
+        f"machinery on a Markdown page: {match.group(0)!r} ({why})"
+        for pattern, why in MARKDOWN_MACHINERY.items()
+        for match in [re.search(pattern, text, re.I)] if match]
 
 
 def page_text(notebook: dict, outputs: bool = True) -> str:

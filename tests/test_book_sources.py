@@ -272,3 +272,32 @@ def test_appendix_b_signatures_and_type_hints_name_keras_classes_publicly():
         "accumcore.AccumulationState | None"
     assert module.public_keras_names("accumcore._impl.rule.NotExported") == \
         "accumcore._impl.rule.NotExported"
+    # TensorFlow's classes: their tf. name (NonFinitePolicy's should_skip hint), where
+    # TensorFlow exports one; other names unchanged
+    assert module.public_keras_names(
+        "Callable[[Sequence, tensorflow.python.framework.tensor.Tensor], "
+        "tensorflow.python.framework.tensor.Tensor] | None") == \
+        "Callable[[Sequence, tf.Tensor], tf.Tensor] | None"
+    assert module.public_keras_names("tensorflow.python.not_a.Class") == \
+        "tensorflow.python.not_a.Class"
+
+
+def test_appendix_b_problem_signature_names_its_public_fields_only():
+    """B.2 writes ``Problem``'s signature by hand, so that the dataclass's private cache fields
+    (``_reference``, ``_errors``) stay off the page; it must name every public field, in
+    order, with its default."""
+    import dataclasses
+    import re
+
+    from accumcore.lab.pitfalls import Problem
+
+    page = (BOOK / "appendix_b_pitfalls.md").read_text()
+    signature = re.search(r"\.\. autoclass:: Problem\((.*)\)\n", page).group(1)
+    public = [f for f in dataclasses.fields(Problem) if not f.name.startswith("_")]
+    assert len(public) < len(dataclasses.fields(Problem))  # there are private ones to hide
+    written = [part.strip() for part in signature.split(",")]
+    assert [part.split("=")[0] for part in written] == [f.name for f in public], written
+    for part, field in zip(written, public, strict=True):
+        default = "" if field.default is dataclasses.MISSING else f"={field.default!r}"
+        assert part == field.name + default, (part, field)
+    assert "_" + "reference" not in signature

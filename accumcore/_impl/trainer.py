@@ -119,7 +119,7 @@ class AccumTrainer:
         accum_steps: int | None = None,
         *,
         effective_batch_size: int | None = None,
-        micro_batch_size: int | None = None,
+        micro_batch_size: int | str | None = None,
         end_of_epoch: str = "apply",
         nonfinite: str | NonFinitePolicy = "raise",
         normalizer: str | Callable = "auto",

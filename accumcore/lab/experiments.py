@@ -317,8 +317,7 @@ def tie_threshold(accuracy: float, n: int) -> float:
     ``2 * sqrt(p * (1 - p) / n)`` (a fraction, like ``accuracy``): what the finite evaluation
     set alone makes uncertain. Other seeds (initialisation, data order) add more, so a gap
     below this says nothing about which run is better; one above it is still one seed's
-    measurement. 0.975 on 10,000 images gives 0.0031 (0.31 percentage points); 0.85 on 500
-    images, 0.032.
+    measurement. Evaluate it for your own runs: ``tie_threshold(accuracy, n)``.
     """
     if n < 1 or not 0.0 <= accuracy <= 1.0:
         raise ValueError(f"Need n >= 1 and 0 <= accuracy <= 1; got n={n}, accuracy={accuracy}.")
@@ -439,9 +438,9 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
-        progress: called with that line too, also when ``verbose`` is false; the default,
-            ``accumcore.lab.book.progress``, writes it to the book build's progress file
-            only (nothing on the page). ``None``: not called.
+        progress: called with that line too, also when ``verbose`` is false; the default
+            shows nothing on the page. Pass ``print`` or your own logger to follow a long run;
+            ``None``: not called.
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -854,9 +853,9 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
-        progress: called with a one-line message after each run; the default,
-            ``accumcore.lab.book.progress``, writes it to the book build's progress file
-            only (nothing on the page). ``None``: not called.
+        progress: called with a one-line message after each run; the default shows nothing
+            on the page. Pass ``print`` or your own logger to follow a long run; ``None``: not
+            called.
 
     Returns:
         A :class:`SweepResult`.
