@@ -268,7 +268,7 @@ def test_sweep_ties_and_the_exponent_range_they_allow():
 
 def test_roundoff_ratio_is_the_difference_in_units_of_the_largest_control():
     assert ex.roundoff_ratio(3e-4, [1e-4, 2e-4]) == pytest.approx(1.5)
-    assert ex.roundoff_ratio(2e-3, [1e-4, 2e-4]) > ex.ROUNDOFF_FACTOR
+    assert ex.roundoff_ratio(3e-3, [1e-4, 2e-4]) > ex.ROUNDOFF_FACTOR
     assert ex.roundoff_ratio(1e-3, [1e-4, 2e-4]) <= ex.ROUNDOFF_FACTOR
     with pytest.raises(ValueError, match="controls"):
         ex.roundoff_ratio(1e-3, [])
