@@ -248,7 +248,6 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
     },
     "01_eager_loop": {
         "It fell from": "asserted: `assert last < history.window_losses[0]`",
-        "For SGD the accumulated update matches": "asserted: `assert rel[\"SGD(0.1)\"] <= 1e-4`",
         "does exactly that in plain TensorFlow and matches": "asserted: `assert rel_20 <= 1e-4`",
     },
     "02_tf_function": {
