@@ -272,5 +272,5 @@ def test_roundoff_ratio_is_the_difference_in_units_of_the_largest_control():
     assert ex.roundoff_ratio(1e-3, [1e-4, 2e-4]) <= ex.ROUNDOFF_FACTOR
     with pytest.raises(ValueError, match="controls"):
         ex.roundoff_ratio(1e-3, [])
-    with pytest.raises(ValueError, match="controls"):
-        ex.roundoff_ratio(1e-3, [0.0])
+    assert ex.roundoff_ratio(0.0, [0.0, 0.0]) == 0.0  # bit-for-bit, like the controls
+    assert ex.roundoff_ratio(1e-9, [0.0]) == float("inf")

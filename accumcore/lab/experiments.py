@@ -234,17 +234,19 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
-        controls: how far the reordering controls end from the same reference; at least one,
-            all positive.
+        controls: how far the reordering controls end from the same reference; at least one.
 
     Returns:
         ``difference / max(controls)``; round-off by the book's rule if at most
-        :data:`ROUNDOFF_FACTOR`.
+        :data:`ROUNDOFF_FACTOR`. If every control is 0: 0 for a zero difference, else inf.
     """
-    largest = max(controls, default=0.0)
-    if not largest > 0:
-        raise ValueError(f"controls must hold at least one positive value, got {controls!r}.")
-    return float(difference) / float(largest)
+    values = [float(c) for c in controls]
+    if not values:
+        raise ValueError("controls must hold at least one value (a reordering control's).")
+    largest = max(values)
+    if largest == 0:  # the controls reproduced the reference bit for bit
+        return 0.0 if difference == 0 else math.inf
+    return float(difference) / largest
 
 
 def reordered(batch: Sequence, how: str, seed: int = 0) -> tuple:
