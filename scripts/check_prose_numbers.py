@@ -261,8 +261,6 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
         "the subclass's weights match": "asserted: `assert rel <= 1e-4`",
     },
     "05_lr_sweeps": {
-        "is exactly the large-batch problem": "theory: the accumulated update is the large "
-                                              "batch's (chapter 1); the gap is this page's check",
         "a schedule that rises linearly": "defines the warm-up schedule",
         "in brackets the rates **tied** with it": "defines the table's brackets",
         "are a tie, not a winner and a loser": "defines the page's noise rule",
