@@ -251,7 +251,6 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
     },
     "01_eager_loop": {
         "It fell from": "asserted: `assert last < history.window_losses[0]`",
-        "For SGD the accumulated update matches": "asserted: `assert rel[\"SGD(0.1)\"] <= 1e-4`",
         "does exactly that in plain TensorFlow and matches": "asserted: `assert rel_20 <= 1e-4`",
     },
     "02_tf_function": {
@@ -265,8 +264,6 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
         "the subclass's weights match": "asserted: `assert rel <= 1e-4`",
     },
     "05_lr_sweeps": {
-        "is exactly the large-batch problem": "theory: the accumulated update is the large "
-                                              "batch's (chapter 1); the gap is this page's check",
         "a schedule that rises linearly": "defines the warm-up schedule",
         "in brackets the rates **tied** with it": "defines the table's brackets",
         "are a tie, not a winner and a loser": "defines the page's noise rule",

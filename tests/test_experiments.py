@@ -264,3 +264,13 @@ def test_sweep_ties_and_the_exponent_range_they_allow():
     assert high == pytest.approx(ex.scaling_exponent([16, 64, 256], [0.1, 0.3, 1.0]))
     assert low <= ex.scaling_exponent(sweep.batch_sizes, sweep.best_lr) <= high
     assert sweep.exponent_range(0.0) == (pytest.approx(high), pytest.approx(high))
+
+
+def test_roundoff_ratio_is_the_difference_in_units_of_the_largest_control():
+    assert ex.roundoff_ratio(3e-4, [1e-4, 2e-4]) == pytest.approx(1.5)
+    assert ex.roundoff_ratio(3e-3, [1e-4, 2e-4]) > ex.ROUNDOFF_FACTOR
+    assert ex.roundoff_ratio(1e-3, [1e-4, 2e-4]) <= ex.ROUNDOFF_FACTOR
+    with pytest.raises(ValueError, match="controls"):
+        ex.roundoff_ratio(1e-3, [])
+    assert ex.roundoff_ratio(0.0, [0.0, 0.0]) == 0.0  # bit-for-bit, like the controls
+    assert ex.roundoff_ratio(1e-9, [0.0]) == float("inf")

@@ -220,6 +220,35 @@ def conv_net(
 REORDERINGS = ("reversed", "shuffled")
 
 
+#: The book's round-off rule: a difference between two runs that compute the same updates
+#: counts as float round-off when it is at most this many times the largest reordering
+#: control. Why a factor and not "no larger than the controls": two or three controls sample
+#: the spread of round-off thinly, and training amplifies it from update to update, so one
+#: more exact run can land a few times beyond them; a wrong accumulation rule is off by far
+#: more (1e-1 of the update and above from the first window).
+ROUNDOFF_FACTOR = 10
+
+
+def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
+    """``difference`` in units of the largest reordering control (same unit as both).
+
+    Args:
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
+        controls: how far the reordering controls end from the same reference; at least one.
+
+    Returns:
+        ``difference / max(controls)``; round-off by the book's rule if at most
+        :data:`ROUNDOFF_FACTOR`. If every control is 0: 0 for a zero difference, else inf.
+    """
+    values = [float(c) for c in controls]
+    if not values:
+        raise ValueError("controls must hold at least one value (a reordering control's).")
+    largest = max(values)
+    if largest == 0:  # the controls reproduced the reference bit for bit
+        return 0.0 if difference == 0 else math.inf
+    return float(difference) / largest
+
+
 def reordered(batch: Sequence, how: str, seed: int = 0) -> tuple:
     """``batch`` (a tuple of arrays with one row per sample) with its samples in another order.
 
