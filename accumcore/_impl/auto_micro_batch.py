@@ -20,14 +20,14 @@ each through the model's ``train_step`` compiled as Keras compiles it (``jit_com
 things are added to each step, in the graph: the batch is first written to variables of its own
 and read back from them (:class:`_Held`: TensorFlow's assignment takes over the batch's buffer
 where nothing else holds it, else copies it on its device), the small values a step changes
-before its update are copied (:class:`_Kept`: the model's non-trainable variables the first
-probe changed, the metrics' variables, the accumulation state's counters and the optimizer's
-``iterations``; no frozen weight: a few scalars and the BatchNorm statistics) and, once the step
-is done, a count of the call's completed steps goes up. The limit: a non-trainable variable that
-a step changes only sometimes (or sets to the value it had) and that the first probe left
-unchanged is not copied, so an aborted step's change to it would not be undone; without a
-probe (under a ``tf.distribute`` strategy) every non-trainable variable is copied. Nothing is
-read on the host but what Keras's own train function reads.
+before its update are copied (:class:`_Kept`: the model's non-trainable variables but those the
+first probe left unchanged, the metrics' variables, the accumulation state's counters and the
+optimizer's ``iterations``; no frozen weight: a few scalars and the BatchNorm statistics) and,
+once the step is done, a count of the call's completed steps goes up. The limit: a
+non-trainable variable that a step changes only sometimes (or sets to the value it had) and
+that the first probe left unchanged is not copied, so an aborted step's change to it would not
+be undone; without a probe (under a ``tf.distribute`` strategy) every non-trainable variable is
+copied. Nothing is read on the host but what Keras's own train function reads.
 
 Whenever a step raises the out-of-memory error (the first batch, or a later batch of longer
 sequences), the call's steps before it stay applied; the aborted step's values are restored
@@ -106,8 +106,9 @@ def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
 
 class _Runner:
     """Runs one batch with the state's b, shrinking b and rerunning while it runs out of
-    memory; ``probes``: every ``(b, fitted)`` tried, in order; ``changed``: the model's
-    non-trainable variables the first probe that fitted changed (``None``: no probe ran)."""
+    memory; ``probes``: every ``(b, fitted)`` tried, in order; ``unchanged``: the ids of the
+    model's non-trainable variables the first probe that fitted left unchanged (empty: no probe
+    ran, or none)."""
 
     def __init__(self, model: keras.Model, make: Callable[[], Callable],
                  probe: Callable[[Any, int], Any] | None) -> None:
@@ -116,7 +117,7 @@ class _Runner:
         self.probe = probe
         self.function: Callable | None = None
         self.probes: list[tuple[int, bool]] = []
-        self.changed: list | None = None
+        self.unchanged: set[int] = set()
         self.reported = False
 
     def run(self, data: Any) -> Any:
@@ -127,7 +128,7 @@ class _Runner:
             if self.function is None:
                 self.function = self.make()
             size = state.micro_batch_size
-            before = _Snapshot(self.model, self.changed)
+            before = _Snapshot(self.model, self.unchanged)
             try:
                 logs = self.function(iter([data]))
             except OUT_OF_MEMORY as err:
@@ -172,8 +173,8 @@ class _Runner:
             except OUT_OF_MEMORY:
                 return False
             else:
-                if self.changed is None:  # the first probe that ran to its end
-                    self.changed = before.changed()
+                if not any(fitted for _, fitted in probes):  # the first to run to its end
+                    self.unchanged = before.unchanged()
             finally:
                 before.restore()
             return True
@@ -348,11 +349,10 @@ def _dense(spec: Any) -> bool:
     return all(type(s) is tf.TensorSpec for s in tf.nest.flatten(spec))
 
 
-def _stepped(model: keras.Model, changed: list | None) -> list:
-    """The model's non-trainable variables a step changes before its update: those the first
-    probe changed (``changed``), or every one when no probe ran (``None``)."""
-    return list(changed) if changed is not None else [
-        v for v in model.variables if not v.trainable]
+def _stepped(model: keras.Model, unchanged: set[int]) -> list:
+    """The model's non-trainable variables a step may change before its update: every one but
+    those the first probe left unchanged (ids in ``unchanged``; one made later is kept)."""
+    return [v for v in model.variables if not v.trainable and id(v) not in unchanged]
 
 
 class _Kept:
@@ -369,7 +369,7 @@ class _Kept:
     def _watched(self) -> list:
         model, state = self.model, self.model.accumulation
         window = {id(v) for v in (*state.accumulators, *state.undivided_accumulators)}
-        watched = _stepped(model, self.runner.changed)
+        watched = _stepped(model, self.runner.unchanged)
         watched += list(getattr(model, "metrics_variables", []))
         watched += [v for v in state.variables_for_saving() if id(v) not in window]
         return [*watched, model.optimizer.iterations]
@@ -407,11 +407,12 @@ class _Kept:
 
 class _Snapshot:
     """The values a step may change before its update (the model's non-trainable variables
-    ``changed``, every one for ``None``), copied on the device: restored before a rerun."""
+    but those whose ids are in ``unchanged``), copied on the device: restored before a rerun."""
 
-    def __init__(self, model: keras.Model, changed: list | None = None) -> None:
+    def __init__(self, model: keras.Model, unchanged: frozenset[int] | set[int] = frozenset()
+                 ) -> None:
         state = model.accumulation
-        self.stepped = [(v, tf.identity(v)) for v in _stepped(model, changed)]
+        self.stepped = [(v, tf.identity(v)) for v in _stepped(model, unchanged)]
         self.parts = [(part, tf.identity(part))
                       for v in state.variables_for_saving()
                       for part in state.replicas.parts(v)]
@@ -430,11 +431,11 @@ class _Snapshot:
                 f"be rerun exactly: {err.message}")) from err
         self.restore()
 
-    def changed(self) -> list:
-        """The model's non-trainable variables whose value differs from the copy (one host
-        read per variable; a NaN counts as changed)."""
-        return [v for v, value in self.stepped
-                if bool(tf.reduce_any(tf.not_equal(v, value)).numpy())]
+    def unchanged(self) -> set[int]:
+        """The ids of the model's non-trainable variables equal to their copy (one host read
+        per variable; a NaN counts as changed)."""
+        return {id(v) for v, value in self.stepped
+                if not bool(tf.reduce_any(tf.not_equal(v, value)).numpy())}
 
     def restore(self) -> None:
         """Every value as it was."""
