@@ -29,10 +29,12 @@ import pytest
 import tensorflow as tf
 from helpers import (
     LOSS,
+    REL_TOL,
     assert_matches_reference,
     get_weights,
     make_data,
     reference_weights,
+    relative_error,
     small_mlp,
 )
 
@@ -392,6 +394,125 @@ def test_a_fixed_micro_batch_that_runs_out_of_memory_names_auto(data, limit):
     model = _split_model(micro=6, make_model=_limited_mlp)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="micro_batch_size='auto'"):
         model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+
+
+def _frozen_model(kind: str = "mlp", seed: int = 0) -> keras.Model:
+    """A frozen layer (``trainable=False``: a Dense, or an Embedding for ``kind="embedding"``),
+    a LoRA Dense (``enable_lora``: its kernel frozen, the layer trainable), then a
+    BatchNormalization and a Dropout on a side branch scaled by 0 (their state changes in every
+    step, the weights do not depend on it, so plain Keras at B is the reference) before the
+    out-of-memory layer, so an aborted step has already moved the BN statistics and the
+    dropout's seed."""
+    keras.utils.set_random_seed(seed)
+    if kind == "mlp":
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="tanh", trainable=False, name="frozen")(inputs)
+    else:
+        inputs = keras.Input((5,), dtype="int32")
+        hidden = keras.layers.Flatten()(
+            keras.layers.Embedding(7, 4, trainable=False, name="frozen")(inputs))
+    lora = keras.layers.Dense(16, activation="tanh", name="lora")
+    hidden = lora(hidden)
+    lora.enable_lora(2)
+    side = keras.layers.BatchNormalization(name="bn")(hidden) + keras.layers.Dropout(0.5)(hidden)
+    hidden = _Limit()(hidden + 0.0 * side)
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+
+
+def _frozen_data(kind: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    return make_data(n) if kind == "mlp" else _tokens(n)
+
+
+def _paths(variables) -> set[str]:
+    return {getattr(v, "path", "") for v in variables}
+
+
+def _seed_states(paths) -> list[str]:
+    """The paths of random-number seed states (a Dropout's ``SeedGenerator``)."""
+    return [p for p in paths if p.endswith("seed_generator_state")]
+
+
+def _frozen_paths(model: keras.Model) -> set[str]:
+    """The frozen weights: the frozen layer's and the LoRA-frozen kernel."""
+    return {v.path for v in model.variables if v.path.startswith("frozen/")} | {"lora/kernel"}
+
+
+#: The frozen model's run: 12 batches of 16, ``steps_per_execution=4``; only 10 samples fit
+#: from the layer's call 7 on: the probe and batches 1-5 pass at b = 16, batch 6 (the second
+#: step of the second call) runs out of memory and reruns at b = 8 with batches 7-12.
+FROZEN_RUN = {"batches": 12, "passed": 6, "samples": 10}
+
+
+def _frozen_auto_run(kind: str, limit) -> keras.Model:
+    x, y = _frozen_data(kind, B * FROZEN_RUN["batches"])
+    _Limit.CALLS[0] = 0
+    limit.update(samples=FROZEN_RUN["samples"], after=FROZEN_RUN["passed"])
+    model = _frozen_model(kind)
+    model.compile(adam(), LOSS, steps_per_execution=4)
+    ac.accumulate(model, micro_batch_size="auto")
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def _frozen_run_without_the_error(kind: str) -> keras.Model:
+    """The same b schedule with fixed sizes and no error: batches 1-5 at b = 16, then b = 8."""
+    x, y = _frozen_data(kind, B * FROZEN_RUN["batches"])
+    cut = B * (FROZEN_RUN["passed"] - 1)
+    model = _frozen_model(kind)
+    model.compile(adam(), LOSS, steps_per_execution=4)
+    ac.accumulate(model, micro_batch_size=B)
+    model.fit(x[:cut], y[:cut], batch_size=B, epochs=1, shuffle=False, verbose=0)
+    ac.accumulate(model, micro_batch_size=8)
+    model.fit(x[cut:], y[cut:], batch_size=B, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
+def test_out_of_memory_with_frozen_weights_reruns_exactly_and_restores_bn_and_seed(kind, limit):
+    """A frozen layer, a LoRA kernel, BatchNorm and Dropout, an error mid-call: the weights
+    equal plain Keras at B (``REL_TOL``; the BN moving statistics excepted: stock BN updates
+    them per micro-batch, so they depend on b), one update per batch, and the BN statistics
+    and the dropout's seed state equal those of the run with the same b schedule and no error
+    (a change of the aborted step left in place, a restore the narrowed copy dropped, would
+    move them by one more update)."""
+    n = B * FROZEN_RUN["batches"]
+    x, y = _frozen_data(kind, n)
+    initial, ref = reference_weights(adam, x, y, None, windows=_batches(n, B),
+                                     make_model=lambda: _frozen_model(kind))
+    model = _frozen_auto_run(kind, limit)
+    assert model.accumulation.micro_batch_size == 8  # the error happened, b halved
+    assert int(model.optimizer.iterations.numpy()) == FROZEN_RUN["batches"]
+    assert model.accumulation.counters()["samples_seen"] == n
+    weights = get_weights(model)
+    compared = [i for i, w in enumerate(model.weights) if "moving_" not in w.path]
+    rel = relative_error(*([ws[i] for i in compared] for ws in (weights, ref, initial)))
+    assert rel <= REL_TOL, f"relative weight error {rel:.3g} > {REL_TOL:g}"
+    limit.update(samples=10**9, after=0)
+    without = [v for v in _frozen_run_without_the_error(kind).variables if not v.trainable]
+    state = [v for v in model.variables if not v.trainable]  # the same layers, in order
+    assert {"bn/moving_mean", "bn/moving_variance"} | _frozen_paths(model) <= _paths(
+        state) and len(_seed_states(_paths(state))) == 1 and len(state) == len(without)
+    for variable, other in zip(state, without, strict=True):
+        np.testing.assert_allclose(variable.numpy(), other.numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg=variable.path)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
+def test_the_per_step_copy_keeps_what_a_step_changes_and_no_frozen_weight(kind, limit):
+    """The train function's ``kept.pairs`` (each ``(variable, copy)`` the step copies): the BN
+    statistics, the dropout's seed state and the optimizer's ``iterations``, never a frozen
+    weight (the ``trainable=False`` layer's, the LoRA-frozen kernel)."""
+    x, y = _frozen_data(kind, 40)
+    model = _frozen_model(kind)
+    model.compile(adam(), LOSS, steps_per_execution=4)
+    ac.accumulate(model, micro_batch_size="auto")
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    kept = [variable for variable, _ in model.train_function.kept.pairs]
+    assert {"bn/moving_mean", "bn/moving_variance"} <= _paths(kept)
+    assert len(_seed_states(_paths(kept))) == 1  # the dropout's
+    assert any(v is model.optimizer.iterations for v in kept)
+    frozen = _frozen_paths(model)
+    assert len(frozen) >= 2 and not frozen & _paths(kept)
 
 
 # ---------------------------------------------------------------------- static shapes of the slices

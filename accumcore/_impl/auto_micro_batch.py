@@ -7,9 +7,12 @@ forward and backward pass of the real model and loss on the batch's first b samp
 b = B, halved while it runs out of memory
 (``tf.errors.ResourceExhaustedError``, also raised by XLA), then bisected up between the
 largest size that fitted and the smallest that did not; the probes change nothing (the model's
-non-trainable variables are restored after each). Below b = 1 the error is raised with every
-probe. Under a ``tf.distribute`` strategy there is no search: b starts at each replica's share
-of the batch and only halves.
+non-trainable variables are restored after each). The first probe that runs to its end also
+records which of the model's non-trainable variables it changed, each compared with its copy
+once: BatchNorm moving statistics and random-number states change, a frozen weight (of a layer
+with ``trainable=False``, or a kernel frozen by ``enable_lora``) does not. Below b = 1 the error
+is raised with every probe. Under a ``tf.distribute`` strategy there is no search: b starts at
+each replica's share of the batch and only halves.
 
 Then the batches run as a fixed b's do: ``steps_per_execution`` batches of Keras's iterator per
 call of one compiled function, read in the graph in a ``tf.while_loop`` as Keras reads them,
@@ -17,11 +20,14 @@ each through the model's ``train_step`` compiled as Keras compiles it (``jit_com
 things are added to each step, in the graph: the batch is first written to variables of its own
 and read back from them (:class:`_Held`: TensorFlow's assignment takes over the batch's buffer
 where nothing else holds it, else copies it on its device), the small values a step changes
-before its update are copied (:class:`_Kept`: the model's non-trainable variables -- BatchNorm
-statistics, random-number states, and a frozen layer's weights too --, the metrics' variables,
-the accumulation state's counters and the optimizer's ``iterations``: a few scalars for a model
-without non-trainable weights) and, once the step is done, a count of the call's completed
-steps goes up. Nothing is read on the host but what Keras's own train function reads.
+before its update are copied (:class:`_Kept`: the model's non-trainable variables but those the
+first probe left unchanged, the metrics' variables, the accumulation state's counters and the
+optimizer's ``iterations``; no frozen weight: a few scalars and the BatchNorm statistics) and,
+once the step is done, a count of the call's completed steps goes up. The limit: a
+non-trainable variable that a step changes only sometimes (or sets to the value it had) and
+that the first probe left unchanged is not copied, so an aborted step's change to it would not
+be undone; without a probe (under a ``tf.distribute`` strategy) every non-trainable variable is
+copied. Nothing is read on the host but what Keras's own train function reads.
 
 Whenever a step raises the out-of-memory error (the first batch, or a later batch of longer
 sequences), the call's steps before it stay applied; the aborted step's values are restored
@@ -39,7 +45,8 @@ run by the same compiled step before the loop.
 A ``tf.distribute`` iterator, ``run_eagerly``, a dataset with parts other than dense tensors
 (ragged, sparse, ``None``) and a Python iterable take another way: each batch is fetched on
 the host and run by Keras's own train function, one batch per call (in a Python loop), after a
-copy of the same values (and the accumulation state's variables) taken before every step.
+copy of the same values (and the accumulation state's variables) taken before every step
+(on the device, ``tf.identity``).
 """
 
 from __future__ import annotations
@@ -93,12 +100,15 @@ def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
             raise StopIteration
         return logs
 
+    train_function.kept = executions.kept  # what each step copies (read by the tests)
     return train_function
 
 
 class _Runner:
     """Runs one batch with the state's b, shrinking b and rerunning while it runs out of
-    memory; ``probes``: every ``(b, fitted)`` tried, in order."""
+    memory; ``probes``: every ``(b, fitted)`` tried, in order; ``unchanged``: the ids of the
+    model's non-trainable variables the first probe that fitted left unchanged (empty: no probe
+    ran, or none)."""
 
     def __init__(self, model: keras.Model, make: Callable[[], Callable],
                  probe: Callable[[Any, int], Any] | None) -> None:
@@ -107,6 +117,7 @@ class _Runner:
         self.probe = probe
         self.function: Callable | None = None
         self.probes: list[tuple[int, bool]] = []
+        self.unchanged: set[int] = set()
         self.reported = False
 
     def run(self, data: Any) -> Any:
@@ -117,7 +128,7 @@ class _Runner:
             if self.function is None:
                 self.function = self.make()
             size = state.micro_batch_size
-            before = _Snapshot(self.model)
+            before = _Snapshot(self.model, self.unchanged)
             try:
                 logs = self.function(iter([data]))
             except OUT_OF_MEMORY as err:
@@ -161,6 +172,9 @@ class _Runner:
                 self.probe(data, size)
             except OUT_OF_MEMORY:
                 return False
+            else:
+                if not any(fitted for _, fitted in probes):  # the first to run to its end
+                    self.unchanged = before.unchanged()
             finally:
                 before.restore()
             return True
@@ -199,7 +213,7 @@ class _Executions:
     def __init__(self, runner: _Runner) -> None:
         self.runner = runner
         self.model = runner.model
-        self.kept = _Kept(self.model)
+        self.kept = _Kept(runner)
         self.held: _Held | None = None
         self.functions: tuple[Callable, Callable] | None = None  # (one, loop) for the b
 
@@ -335,19 +349,27 @@ def _dense(spec: Any) -> bool:
     return all(type(s) is tf.TensorSpec for s in tf.nest.flatten(spec))
 
 
+def _stepped(model: keras.Model, unchanged: set[int]) -> list:
+    """The model's non-trainable variables a step may change before its update: every one but
+    those the first probe left unchanged (ids in ``unchanged``; one made later is kept)."""
+    return [v for v in model.variables if not v.trainable and id(v) not in unchanged]
+
+
 class _Kept:
     """The values a step may change before its update, copied in the graph at each step's
-    start into variables of their own (:meth:`save`), restored after an aborted step."""
+    start into variables of their own (:meth:`save`), restored after an aborted step;
+    ``pairs``: each ``(variable, copy)``."""
 
-    def __init__(self, model: keras.Model) -> None:
-        self.model = model
+    def __init__(self, runner: _Runner) -> None:
+        self.runner = runner
+        self.model = runner.model
         self.pairs: list[tuple[Any, tf.Variable]] = []
         self.known: set[int] = set()
 
     def _watched(self) -> list:
         model, state = self.model, self.model.accumulation
         window = {id(v) for v in (*state.accumulators, *state.undivided_accumulators)}
-        watched = [v for v in model.variables if not v.trainable]
+        watched = _stepped(model, self.runner.unchanged)
         watched += list(getattr(model, "metrics_variables", []))
         watched += [v for v in state.variables_for_saving() if id(v) not in window]
         return [*watched, model.optimizer.iterations]
@@ -384,16 +406,18 @@ class _Kept:
 
 
 class _Snapshot:
-    """The values a step may change before its update: restored before a rerun."""
+    """The values a step may change before its update (the model's non-trainable variables
+    but those whose ids are in ``unchanged``), copied on the device: restored before a rerun."""
 
-    def __init__(self, model: keras.Model) -> None:
+    def __init__(self, model: keras.Model, unchanged: frozenset[int] | set[int] = frozenset()
+                 ) -> None:
         state = model.accumulation
-        variables = [v for v in model.variables if not v.trainable]
-        variables += list(getattr(model, "metrics_variables", []))
+        self.stepped = [(v, tf.identity(v)) for v in _stepped(model, unchanged)]
         self.parts = [(part, tf.identity(part))
                       for v in state.variables_for_saving()
                       for part in state.replicas.parts(v)]
-        self.parts += [(v, tf.identity(v)) for v in variables]
+        self.parts += [(v, tf.identity(v)) for v in getattr(model, "metrics_variables", [])]
+        self.parts += self.stepped
         self.optimizer = model.optimizer
         # a copy on the device: no host read (a GPU would wait for the step before it)
         self.iterations = tf.identity(model.optimizer.iterations)
@@ -406,6 +430,12 @@ class _Snapshot:
                 "The step ran out of memory after its optimizer update began, so it cannot "
                 f"be rerun exactly: {err.message}")) from err
         self.restore()
+
+    def unchanged(self) -> set[int]:
+        """The ids of the model's non-trainable variables equal to their copy (one host read
+        per variable; a NaN counts as changed)."""
+        return {id(v) for v, value in self.stepped
+                if not bool(tf.reduce_any(tf.not_equal(v, value)).numpy())}
 
     def restore(self) -> None:
         """Every value as it was."""
