@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from accumcore._impl import distribute, rule, settings
+from accumcore._impl import distribute, loss_scaling, rule, settings
 from accumcore._impl.batchnorm import attach_window_layers
 from accumcore._impl.gradients import first_leaf
 from accumcore._impl.nonfinite import NonFinitePolicy, Stop
@@ -41,6 +41,11 @@ SUM_UNDER_STRATEGY = (
     "scales such losses differently per replica): use reduction='sum_over_batch_size' (the "
     "default) or 'mean_with_sample_weight'."
 )
+
+
+class _BringsUndivided(Exception):
+    """A split batch's micro-batch brought ``undivided`` gradients (raised while tracing
+    ``AccumulationState._summed_split``'s loop, caught by ``one_window``)."""
 
 
 class _Untracked:
@@ -393,6 +398,11 @@ class AccumulationState(tf.Module):
             return totals[0] + out.weighted_loss, totals[1] + out.log_weight
 
         def split() -> tuple:
+            if self._sums_in_loop(optimizer):
+                try:
+                    return self._summed_split(optimizer, variables, batch, size, contribute)
+                except _BringsUndivided:  # sums beside a mean loss: through the accumulators
+                    pass
             totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
             applied = self.apply_window(optimizer)
             return tf.math.divide_no_nan(*totals), totals[1], applied
@@ -415,6 +425,57 @@ class AccumulationState(tf.Module):
         if n_static is not None:
             return whole() if n_static <= size else split()
         return tf.cond(tf.shape(first_leaf(batch[0]))[0] <= size, whole, split)
+
+    def _sums_in_loop(self, optimizer) -> bool:
+        """Whether a split batch's window is summed in the loop's own values
+        (:meth:`_summed_split`): where a window of one micro-batch may skip the accumulators
+        (:meth:`_direct`: one replica, the policy's own ``admit``, no window hook), no
+        micro-batch is checked (``plan.flags``) and the optimizer is no
+        ``LossScaleOptimizer``."""
+        plan = self.plan(optimizer)
+        return (self._direct(plan, None) and plan.flags is None
+                and not loss_scaling.is_loss_scale_optimizer(optimizer))
+
+    def _summed_split(self, optimizer, variables: Sequence, batch: tuple, size: int,
+                      contribute: Callable) -> tuple:
+        """:meth:`one_window`'s split batch with the window's gradient sums (float32, or
+        float64 for float64 variables, one per accumulated variable), weight and samples
+        kept in the loop's own values, started from the window's accumulators and weight
+        (zeros when it is empty, without reading them), then ``rule.summed_window``: a clean
+        window goes to the optimizer directly, any other through the accumulators. Returns
+        ``(loss, log_weight, applied)`` as :meth:`one_window`.
+
+        Raises:
+            _BringsUndivided: when a micro-batch brings ``undivided`` gradients (traced
+                first: :meth:`one_window` then takes the accumulators' path).
+        """
+        window, counters, _ = self._pieces_checked()
+        self._build_optimizer(optimizer, variables)
+        sums, weight = tf.cond(
+            window.micro_step > 0,
+            lambda: ([a.value() for a in window.accumulators], window.weight.value()),
+            lambda: ([tf.zeros(a.shape, a.dtype) for a in window.accumulators],
+                     tf.constant(0.0)))
+
+        def add_one(micro_batch: tuple, totals: tuple) -> tuple:
+            loss, log_weight, sums, weight, samples = totals
+            out = contribute(*micro_batch)
+            if out.undivided is not None:
+                raise _BringsUndivided
+            self._checked(out.grads, optimizer, None)
+            return (loss + out.weighted_loss, log_weight + out.log_weight,
+                    [rule.added_gradient(s, g) for s, g in zip(sums, out.grads, strict=True)],
+                    weight + tf.cast(out.weight, tf.float32),
+                    samples + tf.cast(out.samples, tf.int64))
+
+        loss, log_weight, sums, weight, samples = micro_batches(
+            batch, size, add_one,
+            (tf.constant(0.0), tf.constant(0.0), list(sums), weight, tf.constant(0, tf.int64)))
+        count = (tf.shape(first_leaf(batch[0]))[0] + size - 1) // size
+        applied = rule.summed_window(window, counters, self.plan(optimizer),
+                                     optimizer, list(self._variables.value),
+                                     self._present.value, sums, weight, samples, count)
+        return tf.math.divide_no_nan(loss, log_weight), log_weight, applied
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
