@@ -409,6 +409,12 @@ def dense(g, dtype: tf.DType) -> tf.Tensor:
     return tf.cast(tf.convert_to_tensor(g), dtype)
 
 
+def added_sums(sums: Sequence, grads: Sequence) -> list:
+    """A split batch's loop sums (one dense tensor per accumulator) with one micro-batch's
+    ``grads`` added, as :func:`add` adds them to the accumulators (:func:`added_gradient`)."""
+    return [added_gradient(total, g) for total, g in zip(sums, grads, strict=True)]
+
+
 def added_gradient(total: tf.Tensor, g) -> tf.Tensor:
     """``total + g`` as :func:`add_gradient` adds ``g`` to an accumulator holding ``total``
     (dense, or ``IndexedSlices`` rows scattered in: ``None`` leaves ``total``)."""

@@ -464,7 +464,7 @@ class AccumulationState(tf.Module):
                 raise _BringsUndivided
             self._checked(out.grads, optimizer, None)
             return (loss + out.weighted_loss, log_weight + out.log_weight,
-                    [rule.added_gradient(s, g) for s, g in zip(sums, out.grads, strict=True)],
+                    rule.added_sums(sums, out.grads),
                     weight + tf.cast(out.weight, tf.float32),
                     samples + tf.cast(out.samples, tf.int64))
 
