@@ -99,6 +99,9 @@ class AccumulationState(tf.Module):
         # traced micro-batch found them (rule.present_of): a window is applied to these only,
         # as optimizer.apply skips a None gradient.
         self._present = _Untracked(())
+        # The samples a split batch's loop has summed in its own values so far (int64 tensor
+        # of the loop's trace; None outside it): see window_samples_so_far.
+        self._loop_samples = _Untracked(None)
         #: The call that applies a pending window, for the object the user holds (messages
         #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
         self.flush_call = "`state.flush(optimizer)`"
@@ -263,6 +266,13 @@ class AccumulationState(tf.Module):
             return 0
         with tf.init_scope():
             return max(int(part.numpy()) for part in self.replicas.parts(self.micro_step))
+
+    def window_samples_so_far(self) -> tf.Tensor:
+        """The samples in the open window (int64 scalar): ``window_samples``, plus inside a
+        split batch's loop that sums in its own values (:meth:`_summed_split`) the samples
+        that loop added so far (``window_samples`` itself changes only at the close)."""
+        added = self._loop_samples.value
+        return self.window_samples if added is None else self.window_samples + added
 
     def _check_built(self) -> None:
         if not self.built:
@@ -460,7 +470,11 @@ class AccumulationState(tf.Module):
 
         def add_one(micro_batch: tuple, totals: tuple) -> tuple:
             loss, log_weight, sums, weight, samples = totals
-            out = contribute(*micro_batch)
+            self._loop_samples = _Untracked(samples)
+            try:
+                out = contribute(*micro_batch)
+            finally:
+                self._loop_samples = _Untracked(None)
             if out.undivided is not None:
                 raise _BringsUndivided
             self._checked(out.grads, optimizer, None)
