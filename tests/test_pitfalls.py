@@ -271,3 +271,11 @@ def test_embedding_keras_sparse_step_vs_dense_update(name):
         assert gap["keras_vs_dense"] < REL_TOL
     else:  # squared statistics of repeated rows: sum of squares, not square of the sum
         assert gap["keras_vs_dense"] > 1e-2
+
+
+def test_zero_gradients_one_zero_tensor_per_trainable_variable():
+    """The recipes' empty accumulators: the trainable variables' shapes, every entry zero."""
+    model = experiments.mlp(20, (8,), 10, seed=0)
+    zeros = pitfalls.zero_gradients(model)
+    assert [tuple(z.shape) for z in zeros] == [tuple(v.shape) for v in model.trainable_variables]
+    assert all(not np.any(np.asarray(z)) for z in zeros)

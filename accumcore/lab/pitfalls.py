@@ -315,7 +315,7 @@ def window_gradient(
     ``model.trainable_variables``. With ``optimizer`` (a ``LossScaleOptimizer``) it is the
     gradient of the scaled loss.
     """
-    acc, total = _zeros(model), 0.0
+    acc, total = zero_gradients(model), 0.0
     for batch in window:
         _, grads = mean_loss_gradients(model, loss_fn, batch, optimizer)
         c = batch_weight(p, batch)  # samples (or valid tokens) in this micro-batch
@@ -329,7 +329,8 @@ def optimizer_like(optimizer: keras.optimizers.Optimizer, **changes: Any):
     return type(optimizer).from_config({**optimizer.get_config(), **changes})
 
 
-def _zeros(model: keras.Model) -> list[tf.Tensor]:
+def zero_gradients(model: keras.Model) -> list[tf.Tensor]:
+    """One zero tensor per trainable variable of `model` (same shapes): empty accumulators."""
     return [tf.zeros_like(v) for v in model.trainable_variables]
 
 
@@ -366,7 +367,7 @@ def loss_not_rescaled(p: Problem) -> keras.Model:
     """Sums the K micro-batches' mean-loss gradients and applies the sum: K times the step."""
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
-        acc = _zeros(model)
+        acc = zero_gradients(model)
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             # BUG: never divided by K
@@ -408,7 +409,7 @@ def accumulators_before_variables(p: Problem) -> keras.Model:
 def never_reset(p: Problem) -> keras.Model:
     """Creates the accumulators once and never zeroes them: every window re-applies the past."""
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
-    acc = _zeros(model)
+    acc = zero_gradients(model)
     for window in p.windows():
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
@@ -424,7 +425,7 @@ def reset_every_micro_batch(p: Problem) -> keras.Model:
     for window in p.windows():
         for batch in window:
             # BUG: reset at every micro-batch instead of every window
-            acc = _zeros(model)
+            acc = zero_gradients(model)
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             acc = [a + g / len(window) for a, g in zip(acc, grads, strict=True)]
         opt.apply(acc, model.trainable_variables)
@@ -447,7 +448,7 @@ def partial_window_divided_by_k(p: Problem) -> keras.Model:
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     k = p.accum_steps
     for window in p.windows():
-        acc = _zeros(model)
+        acc = zero_gradients(model)
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             # BUG: the last window holds r < K micro-batches: / K, not / r
@@ -464,7 +465,7 @@ def mean_of_means(p: Problem) -> keras.Model:
     """
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
-        acc = _zeros(model)
+        acc = zero_gradients(model)
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             # BUG: weight 1/K per micro-batch, not its share of the window's samples
@@ -483,7 +484,7 @@ def apply_every_micro_step(p: Problem) -> keras.Model:
     """
     model, opt, loss_fn = p.build_model(), p.make_optimizer(), keras_loss(p.loss)
     for window in p.windows():
-        acc, total = _zeros(model), 0.0
+        acc, total = zero_gradients(model), 0.0
         for i, batch in enumerate(window):
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             c = batch_weight(p, batch)
@@ -511,7 +512,7 @@ def clip_per_micro_batch(p: Problem) -> keras.Model:
             "clip_per_micro_batch needs an optimizer with `global_clipnorm` set.")
     opt = optimizer_like(base, global_clipnorm=None)  # clipping is done by hand below
     for window in p.windows():
-        acc, total = _zeros(model), 0.0
+        acc, total = zero_gradients(model), 0.0
         for batch in window:
             _, grads = mean_loss_gradients(model, loss_fn, batch)
             # BUG: clip per micro-batch
