@@ -106,17 +106,15 @@ def test_the_window_is_not_read_or_written(spe):
     assert_matches_reference(model, initial, get_weights(plain))
 
 
-def test_a_split_batch_checked_per_micro_batch_still_goes_through_the_window():
-    """A split (b < B) under a policy that checks every micro-batch (``skip_micro_batch``)
-    adds into the accumulators (a clean split otherwise sums in its loop:
-    tests/test_split_loop_sums.py): the sentinel is read (added into the first window's sum,
+def test_a_batch_larger_than_b_still_goes_through_the_window():
+    """The split (b < B) is untouched: the sentinel is read (added into the first window's sum,
     then zeroed) and the weights move away from plain fit's."""
     x, y = make_data()
     _, plain = fitted(small_mlp, sgd, x, y, None)
     model = small_mlp()
     initial = get_weights(model)
     model.compile(sgd(), LOSS)
-    ac.accumulate(model, micro_batch_size=B // 2, nonfinite="skip_micro_batch")
+    ac.accumulate(model, micro_batch_size=B // 2)
     model.train_on_batch(x[:B], y[:B])
     for accumulator in model.accumulation.accumulators:
         accumulator.assign(np.full(accumulator.shape, 7.0, "float32"))

@@ -48,9 +48,8 @@ def test_the_rule_never_takes_the_state() -> None:
 
 def _chain(entry: str, how: dict, batch_size: int) -> dict[str, list[str]]:
     """The library modules on the stack from the entry point's step to ``optimizer.apply``
-    (``"apply"``) and to the accumulation of a gradient (``"add"``, where one is added: into
-    an accumulator or, in a split batch, into the loop's sum), in call order (one entry per
-    frame)."""
+    (``"apply"``) and to the accumulation of a gradient (``"add"``, where one is added), in
+    call order (one entry per frame)."""
     import traceback
 
     from accumcore._impl import rule
@@ -66,12 +65,9 @@ def _chain(entry: str, how: dict, batch_size: int) -> dict[str, list[str]]:
 
     x, y = np.zeros((8, 8), "float32"), np.zeros(8, "int32")
     optimizer = keras.optimizers.SGD(0.1)
-    apply, add_gradient, added_gradient = (optimizer.apply, rule.add_gradient,
-                                           rule.added_gradient)
+    apply, add_gradient = optimizer.apply, rule.add_gradient
     optimizer.apply = lambda *a, **k: record("apply") or apply(*a, **k)
     rule.add_gradient = lambda *a, **k: record("add") or add_gradient(*a, **k)
-    # A split batch adds in its loop's own values (rule.added_gradient)
-    rule.added_gradient = lambda *a, **k: record("add") or added_gradient(*a, **k)
     try:
         if entry == "fit":
             model = ac.accumulate(small_mlp(), **how)
@@ -81,7 +77,7 @@ def _chain(entry: str, how: dict, batch_size: int) -> dict[str, list[str]]:
             trainer = ac.AccumTrainer(small_mlp(), optimizer, LOSS, **how)
             trainer.train_micro_batch(x, y)  # eager: the Python stack is the library's
     finally:
-        rule.add_gradient, rule.added_gradient = add_gradient, added_gradient
+        rule.add_gradient = add_gradient
     return chains
 
 

@@ -148,7 +148,7 @@ def _weights(model: keras.Model, normalizer: str | Callable, denominators: list,
     if state is None:
         first_in_window, accum_steps = (lambda: tf.constant(True)), 1
     else:
-        first_in_window = lambda: tf.equal(state.window_samples_so_far(), 0)  # noqa: E731
+        first_in_window = lambda: tf.equal(state.window_samples, 0)  # noqa: E731
         accum_steps = state.accum_steps if micro_batches is None else micro_batches
     return loss_weights(normalizer, denominators, forms, x, y, sample_weight, y_pred, samples,
                         first_in_window=first_in_window, accum_steps=accum_steps,

@@ -4,8 +4,6 @@
 * :func:`single_window`: a window of exactly one micro-batch (a batch not split, K = 1): a
   clean one applied directly (:func:`apply_direct`, the accumulators untouched), any other
   through :func:`add` and :func:`close`.
-* :func:`summed_window`: a window whose micro-batches a loop summed in its own values (a split
-  batch): a clean one applied directly, any other written into the window and closed.
 * :func:`add`: micro-batch ``i`` adds ``c_i grad(L_i)`` (the gradient of its summed loss) to the
   window's accumulators and ``c_i`` to its weight ``W`` (and the gradient of its sums over
   samples beside a mean loss, ``U_i``, to the undivided accumulators).
@@ -219,51 +217,12 @@ def single_window(window: Window, counters: Counters, plan: Plan, optimizer, var
                    through_window)
 
 
-def summed_window(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
-                  present: Sequence[int], sums: Sequence, weight: tf.Tensor, samples: tf.Tensor,
-                  micro_batches: tf.Tensor) -> tf.Tensor:
-    """A window of ``micro_batches`` micro-batches whose sums a loop kept in its own values
-    (``accumcore._impl.state.AccumulationState.one_window``; one replica, ``plan.direct``, a
-    policy that checks no micro-batch, no window hook, no undivided gradients): ``sums``
-    (dense, in the accumulators' dtypes) and ``weight`` started from the window's
-    accumulators and weight (zeros for an empty window) and added each micro-batch as
-    :func:`add` does; ``samples``: the micro-batches' samples (int64). Where the window was
-    empty, its sums and weight are finite, it has samples and training is not stopped, the
-    mean goes to the optimizer directly (:func:`apply_direct`), the accumulators untouched;
-    otherwise the sums are written into the window, counted as :func:`add` counts, and it
-    closes if it holds any micro-batch (:func:`close_if_due`, as a flush). Either way the
-    update and counts of :func:`add` then :func:`close`. Returns whether an update was
-    applied (bool scalar)."""
-    weight, samples = tf.cast(weight, tf.float32), tf.cast(samples, tf.int64)
-    micro_batches = tf.cast(micro_batches, tf.int64)
-    bad = tf.logical_or(plan.judge([sums[i] for i in present]) > 0,
-                        tf.logical_not(tf.math.is_finite(weight)))
-    clean = tf.logical_and(tf.logical_and(tf.logical_not(bad), samples > 0),
-                           tf.logical_and(tf.logical_not(plan.stopped()),
-                                          tf.equal(window.micro_step, 0)))
-
-    def through_window() -> tf.Tensor:
-        for accumulator, total in zip(window.accumulators, sums, strict=True):
-            accumulator.assign(total)
-        window.weight.assign(weight)
-        window.samples.assign_add(samples)
-        window.micro_step.assign_add(micro_batches)
-        counters.micro_batches_seen.assign_add(micro_batches)
-        counters.samples_seen.assign_add(samples)
-        return close_if_due(window, counters, plan, optimizer, variables, present, force=True)
-
-    return tf.cond(clean, functools.partial(apply_direct, window, counters, plan, optimizer,
-                                            variables, present, sums, weight, samples,
-                                            micro_batches), through_window)
-
-
 def apply_direct(window: Window, counters: Counters, plan: Plan, optimizer, variables: list,
                  present: Sequence[int], grads: Sequence, weight: tf.Tensor,
-                 samples: tf.Tensor, micro_batches: tf.Tensor | int = 1) -> tf.Tensor:
-    """A clean window applied without its accumulators (``grads``: its one micro-batch's, or
-    the sums of its ``micro_batches``, :func:`summed_window`): what :func:`add`
+                 samples: tf.Tensor) -> tf.Tensor:
+    """A clean window of one micro-batch applied without its accumulators: what :func:`add`
     and :func:`close` compute (each gradient dense, in its accumulator's dtype, times
-    ``1 / W``: an ``IndexedSlices`` made dense as the window's sum is, because Keras's
+    ``1 / c_i``: an ``IndexedSlices`` made dense as the window's sum is, because Keras's
     optimizers update repeated rows of a sparse gradient differently) and count
     (``windows_applied``, or for a ``LossScaleOptimizer`` that skips an overflow
     ``windows_skipped`` and ``samples_dropped``). Returns whether an update was applied."""
@@ -274,7 +233,7 @@ def apply_direct(window: Window, counters: Counters, plan: Plan, optimizer, vari
         means[i] = g * tf.cast(scale, g.dtype) if plan.normalize else g
     applied = plan.update(optimizer, variables, means)
     plan.after_update(optimizer, applied)
-    counters.micro_batches_seen.assign_add(tf.cast(micro_batches, tf.int64))
+    counters.micro_batches_seen.assign_add(1)
     counters.samples_seen.assign_add(samples)
     if tf.get_static_value(applied) is not None and bool(tf.get_static_value(applied)):
         counters.windows_applied.assign_add(1)
@@ -407,23 +366,6 @@ def dense(g, dtype: tf.DType) -> tf.Tensor:
     if isinstance(g, tf.IndexedSlices):
         g = tf.IndexedSlices(tf.cast(g.values, dtype), g.indices, g.dense_shape)
     return tf.cast(tf.convert_to_tensor(g), dtype)
-
-
-def added_sums(sums: Sequence, grads: Sequence) -> list:
-    """A split batch's loop sums (one dense tensor per accumulator) with one micro-batch's
-    ``grads`` added, as :func:`add` adds them to the accumulators (:func:`added_gradient`)."""
-    return [added_gradient(total, g) for total, g in zip(sums, grads, strict=True)]
-
-
-def added_gradient(total: tf.Tensor, g) -> tf.Tensor:
-    """``total + g`` as :func:`add_gradient` adds ``g`` to an accumulator holding ``total``
-    (dense, or ``IndexedSlices`` rows scattered in: ``None`` leaves ``total``)."""
-    if g is None:
-        return total
-    if not isinstance(g, tf.IndexedSlices):
-        return total + tf.cast(g, total.dtype)
-    indices = tf.expand_dims(tf.cast(g.indices, tf.int64), -1)
-    return tf.tensor_scatter_nd_add(total, indices, tf.cast(g.values, total.dtype))
 
 
 def add_gradient(accumulator: tf.Variable, g, distributed: bool) -> None:

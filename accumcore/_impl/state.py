@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from accumcore._impl import distribute, loss_scaling, rule, settings
+from accumcore._impl import distribute, rule, settings
 from accumcore._impl.batchnorm import attach_window_layers
 from accumcore._impl.gradients import first_leaf
 from accumcore._impl.nonfinite import NonFinitePolicy, Stop
@@ -41,11 +41,6 @@ SUM_UNDER_STRATEGY = (
     "scales such losses differently per replica): use reduction='sum_over_batch_size' (the "
     "default) or 'mean_with_sample_weight'."
 )
-
-
-class _BringsUndivided(Exception):
-    """A split batch's micro-batch brought ``undivided`` gradients (raised while tracing
-    ``AccumulationState._summed_split``'s loop, caught by ``one_window``)."""
 
 
 class _Untracked:
@@ -99,9 +94,6 @@ class AccumulationState(tf.Module):
         # traced micro-batch found them (rule.present_of): a window is applied to these only,
         # as optimizer.apply skips a None gradient.
         self._present = _Untracked(())
-        # The samples a split batch's loop has summed in its own values so far (int64 tensor
-        # of the loop's trace; None outside it): see window_samples_so_far.
-        self._loop_samples = _Untracked(None)
         #: The call that applies a pending window, for the object the user holds (messages
         #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
         self.flush_call = "`state.flush(optimizer)`"
@@ -267,13 +259,6 @@ class AccumulationState(tf.Module):
         with tf.init_scope():
             return max(int(part.numpy()) for part in self.replicas.parts(self.micro_step))
 
-    def window_samples_so_far(self) -> tf.Tensor:
-        """The samples in the open window (int64 scalar): ``window_samples``, plus inside a
-        split batch's loop that sums in its own values (:meth:`_summed_split`) the samples
-        that loop added so far (``window_samples`` itself changes only at the close)."""
-        added = self._loop_samples.value
-        return self.window_samples if added is None else self.window_samples + added
-
     def _check_built(self) -> None:
         if not self.built:
             raise ValueError(NOT_BUILT)
@@ -380,9 +365,8 @@ class AccumulationState(tf.Module):
                    contribute: Callable) -> tuple:
         """One batch as one window, in one traced step: the batch cut into micro-batches of
         ``size`` samples (:func:`micro_batches`: the last may be smaller), each added
-        (:meth:`accumulate`; summed in the loop's own values where :meth:`_sums_in_loop`:
-        :meth:`_summed_split`), then the window closed once (:meth:`apply_window`). A batch
-        of at most ``size`` samples (known when traced, else decided by a ``tf.cond`` on its
+        (:meth:`accumulate`), then the window closed once (:meth:`apply_window`). A batch of
+        at most ``size`` samples (known when traced, else decided by a ``tf.cond`` on its
         size) is one micro-batch: on one replica its window goes to the optimizer without
         the accumulators (``rule.single_window``), the same update and counts.
 
@@ -409,11 +393,6 @@ class AccumulationState(tf.Module):
             return totals[0] + out.weighted_loss, totals[1] + out.log_weight
 
         def split() -> tuple:
-            if self._sums_in_loop(optimizer):
-                try:
-                    return self._summed_split(optimizer, variables, batch, size, contribute)
-                except _BringsUndivided:  # sums beside a mean loss: through the accumulators
-                    pass
             totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
             applied = self.apply_window(optimizer)
             return tf.math.divide_no_nan(*totals), totals[1], applied
@@ -436,61 +415,6 @@ class AccumulationState(tf.Module):
         if n_static is not None:
             return whole() if n_static <= size else split()
         return tf.cond(tf.shape(first_leaf(batch[0]))[0] <= size, whole, split)
-
-    def _sums_in_loop(self, optimizer) -> bool:
-        """Whether a split batch's window is summed in the loop's own values
-        (:meth:`_summed_split`): where a window of one micro-batch may skip the accumulators
-        (:meth:`_direct`: one replica, the policy's own ``admit``, no window hook), no
-        micro-batch is checked (``plan.flags``) and the optimizer is no
-        ``LossScaleOptimizer``."""
-        plan = self.plan(optimizer)
-        return (self._direct(plan, None) and plan.flags is None
-                and not loss_scaling.is_loss_scale_optimizer(optimizer))
-
-    def _summed_split(self, optimizer, variables: Sequence, batch: tuple, size: int,
-                      contribute: Callable) -> tuple:
-        """:meth:`one_window`'s split batch with the window's gradient sums (float32, or
-        float64 for float64 variables, one per accumulated variable), weight and samples
-        kept in the loop's own values, started from the window's accumulators and weight
-        (zeros when it is empty, without reading them), then ``rule.summed_window``: a clean
-        window goes to the optimizer directly, any other through the accumulators. Returns
-        ``(loss, log_weight, applied)`` as :meth:`one_window`.
-
-        Raises:
-            _BringsUndivided: when a micro-batch brings ``undivided`` gradients (traced
-                first: :meth:`one_window` then takes the accumulators' path).
-        """
-        window, counters, _ = self._pieces_checked()
-        self._build_optimizer(optimizer, variables)
-        sums, weight = tf.cond(
-            window.micro_step > 0,
-            lambda: ([a.value() for a in window.accumulators], window.weight.value()),
-            lambda: ([tf.zeros(a.shape, a.dtype) for a in window.accumulators],
-                     tf.constant(0.0)))
-
-        def add_one(micro_batch: tuple, totals: tuple) -> tuple:
-            loss, log_weight, sums, weight, samples = totals
-            self._loop_samples = _Untracked(samples)
-            try:
-                out = contribute(*micro_batch)
-            finally:
-                self._loop_samples = _Untracked(None)
-            if out.undivided is not None:
-                raise _BringsUndivided
-            self._checked(out.grads, optimizer, None)
-            return (loss + out.weighted_loss, log_weight + out.log_weight,
-                    rule.added_sums(sums, out.grads),
-                    weight + tf.cast(out.weight, tf.float32),
-                    samples + tf.cast(out.samples, tf.int64))
-
-        loss, log_weight, sums, weight, samples = micro_batches(
-            batch, size, add_one,
-            (tf.constant(0.0), tf.constant(0.0), list(sums), weight, tf.constant(0, tf.int64)))
-        count = (tf.shape(first_leaf(batch[0]))[0] + size - 1) // size
-        applied = rule.summed_window(window, counters, self.plan(optimizer),
-                                     optimizer, list(self._variables.value),
-                                     self._present.value, sums, weight, samples, count)
-        return tf.math.divide_no_nan(loss, log_weight), log_weight, applied
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
