@@ -396,13 +396,15 @@ def test_a_fixed_micro_batch_that_runs_out_of_memory_names_auto(data, limit):
         model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
 
 
-def _frozen_model(kind: str = "mlp", seed: int = 0) -> keras.Model:
+def _frozen_model(kind: str = "mlp", seed: int = 0, norm: str = "stock") -> keras.Model:
     """A frozen layer (``trainable=False``: a Dense, or an Embedding for ``kind="embedding"``),
     a LoRA Dense (``enable_lora``: its kernel frozen, the layer trainable), then a
     BatchNormalization and a Dropout on a side branch scaled by 0 (their state changes in every
     step, the weights do not depend on it, so plain Keras at B is the reference) before the
     out-of-memory layer, so an aborted step has already moved the BN statistics and the
-    dropout's seed."""
+    dropout's seed. ``norm="window"``: the BatchNormalization is window-level
+    (``accumcore.WindowBatchNormalization``), whose pooled window moments are variables of the
+    layer's own."""
     keras.utils.set_random_seed(seed)
     if kind == "mlp":
         inputs = keras.Input((8,))
@@ -414,7 +416,9 @@ def _frozen_model(kind: str = "mlp", seed: int = 0) -> keras.Model:
     lora = keras.layers.Dense(16, activation="tanh", name="lora")
     hidden = lora(hidden)
     lora.enable_lora(2)
-    side = keras.layers.BatchNormalization(name="bn")(hidden) + keras.layers.Dropout(0.5)(hidden)
+    batch_norm = (ac.WindowBatchNormalization if norm == "window"
+                  else keras.layers.BatchNormalization)(name="bn")
+    side = batch_norm(hidden) + keras.layers.Dropout(0.5)(hidden)
     hidden = _Limit()(hidden + 0.0 * side)
     return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
 
@@ -443,22 +447,22 @@ def _frozen_paths(model: keras.Model) -> set[str]:
 FROZEN_RUN = {"batches": 12, "passed": 6, "samples": 10}
 
 
-def _frozen_auto_run(kind: str, limit) -> keras.Model:
+def _frozen_auto_run(kind: str, limit, norm: str = "stock") -> keras.Model:
     x, y = _frozen_data(kind, B * FROZEN_RUN["batches"])
     _Limit.CALLS[0] = 0
     limit.update(samples=FROZEN_RUN["samples"], after=FROZEN_RUN["passed"])
-    model = _frozen_model(kind)
+    model = _frozen_model(kind, norm=norm)
     model.compile(adam(), LOSS, steps_per_execution=4)
     ac.accumulate(model, micro_batch_size="auto")
     model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
     return model
 
 
-def _frozen_run_without_the_error(kind: str) -> keras.Model:
+def _frozen_run_without_the_error(kind: str, norm: str = "stock") -> keras.Model:
     """The same b schedule with fixed sizes and no error: batches 1-5 at b = 16, then b = 8."""
     x, y = _frozen_data(kind, B * FROZEN_RUN["batches"])
     cut = B * (FROZEN_RUN["passed"] - 1)
-    model = _frozen_model(kind)
+    model = _frozen_model(kind, norm=norm)
     model.compile(adam(), LOSS, steps_per_execution=4)
     ac.accumulate(model, micro_batch_size=B)
     model.fit(x[:cut], y[:cut], batch_size=B, epochs=1, shuffle=False, verbose=0)
@@ -467,19 +471,24 @@ def _frozen_run_without_the_error(kind: str) -> keras.Model:
     return model
 
 
-@pytest.mark.parametrize("kind", ["mlp", "embedding"])
-def test_out_of_memory_with_frozen_weights_reruns_exactly_and_restores_bn_and_seed(kind, limit):
+@pytest.mark.parametrize(("kind", "norm"), [("mlp", "stock"), ("embedding", "stock"),
+                                          ("mlp", "window")])
+def test_out_of_memory_with_frozen_weights_reruns_exactly_and_restores_bn_and_seed(kind, norm,
+                                                                                  limit):
     """A frozen layer, a LoRA kernel, BatchNorm and Dropout, an error mid-call: the weights
     equal plain Keras at B (``REL_TOL``; the BN moving statistics excepted: stock BN updates
     them per micro-batch, so they depend on b), one update per batch, and the BN statistics
     and the dropout's seed state equal those of the run with the same b schedule and no error
     (a change of the aborted step left in place, a restore the narrowed copy dropped, would
-    move them by one more update)."""
+    move them by one more update). Window-level BatchNorm goes through the same rerun (its
+    pooled window moments are discarded with the aborted step; here the aborted step pooled
+    the whole batch, which a double pooling would not change, so this case checks the rerun
+    with that layer, not the discarding)."""
     n = B * FROZEN_RUN["batches"]
     x, y = _frozen_data(kind, n)
     initial, ref = reference_weights(adam, x, y, None, windows=_batches(n, B),
-                                     make_model=lambda: _frozen_model(kind))
-    model = _frozen_auto_run(kind, limit)
+                                     make_model=lambda: _frozen_model(kind, norm=norm))
+    model = _frozen_auto_run(kind, limit, norm)
     assert model.accumulation.micro_batch_size == 8  # the error happened, b halved
     assert int(model.optimizer.iterations.numpy()) == FROZEN_RUN["batches"]
     assert model.accumulation.counters()["samples_seen"] == n
@@ -488,7 +497,8 @@ def test_out_of_memory_with_frozen_weights_reruns_exactly_and_restores_bn_and_se
     rel = relative_error(*([ws[i] for i in compared] for ws in (weights, ref, initial)))
     assert rel <= REL_TOL, f"relative weight error {rel:.3g} > {REL_TOL:g}"
     limit.update(samples=10**9, after=0)
-    without = [v for v in _frozen_run_without_the_error(kind).variables if not v.trainable]
+    without = [v for v in _frozen_run_without_the_error(kind, norm).variables
+               if not v.trainable]
     state = [v for v in model.variables if not v.trainable]  # the same layers, in order
     assert {"bn/moving_mean", "bn/moving_variance"} | _frozen_paths(model) <= _paths(
         state) and len(_seed_states(_paths(state))) == 1 and len(state) == len(without)

@@ -31,8 +31,9 @@ copied. Nothing is read on the host but what Keras's own train function reads.
 
 Whenever a step raises the out-of-memory error (the first batch, or a later batch of longer
 sequences), the call's steps before it stay applied; the aborted step's values are restored
-from the copy and its window emptied (with ``micro_batch_size`` every window is one batch, so
-the window held only this step's micro-batches; a window pending from before it is an error),
+from the copy and its window emptied (window-level BatchNorm's pooled moments included; with
+``micro_batch_size`` every window is one batch, so the window held only this step's
+micro-batches; a window pending from before it is an error),
 b is halved (rounded up), the step is traced anew, the held batch runs again, then the call's
 remaining batches, still in the iterator: every update is applied once, exactly, no batch is
 skipped or applied twice, and the logged metrics are those of the run without the error (to
@@ -177,6 +178,7 @@ class _Runner:
                     self.unchanged = before.unchanged()
             finally:
                 before.restore()
+                _discard_window_moments(before.state)
             return True
 
         probes: list[tuple[int, bool]] = []
@@ -223,7 +225,7 @@ class _Executions:
         if self.held is None or self.held.spec != spec:
             self.held, self.functions = _Held(spec), None
         pending, remaining, first = None, count, None
-        if not self.runner.reported:  # the first batch: search b on it, on the host
+        if self.model.accumulation.micro_batch_size == "auto":  # search b on this batch
             optional = iterator.get_next_as_optional()
             if not optional.has_value():
                 raise StopIteration
@@ -390,7 +392,9 @@ class _Kept:
         update had begun or its window held an earlier micro-batch."""
         state = self.model.accumulation
         iterations = self.model.optimizer.iterations
-        started = next(copy for variable, copy in self.pairs if variable is iterations)
+        started = next((copy for variable, copy in self.pairs if variable is iterations), None)
+        if started is None:  # out of memory before the step's first copy: nothing to rerun from
+            raise err
         if int(iterations.numpy()) != int(started.numpy()):
             raise type(err)(err.node_def, err.op, (
                 "The step ran out of memory after its optimizer update began, so it cannot "
@@ -403,6 +407,15 @@ class _Kept:
                 f"cannot be rerun exactly: {err.message}")) from err
         for accumulator in (*state.accumulators, *state.undivided_accumulators):
             accumulator.assign(tf.zeros(accumulator.shape, accumulator.dtype))
+        _discard_window_moments(state)
+
+
+def _discard_window_moments(state: Any) -> None:
+    """Empty what window-level layers pooled in the aborted step (``WindowBatchNormalization``'s
+    window moments are variables of their own, outside the model's): its rerun pools them
+    again."""
+    for hook in state.window_hooks:
+        hook(False)
 
 
 class _Snapshot:
@@ -411,7 +424,7 @@ class _Snapshot:
 
     def __init__(self, model: keras.Model, unchanged: frozenset[int] | set[int] = frozenset()
                  ) -> None:
-        state = model.accumulation
+        self.state = state = model.accumulation
         self.stepped = [(v, tf.identity(v)) for v in _stepped(model, unchanged)]
         self.parts = [(part, tf.identity(part))
                       for v in state.variables_for_saving()
@@ -430,6 +443,7 @@ class _Snapshot:
                 "The step ran out of memory after its optimizer update began, so it cannot "
                 f"be rerun exactly: {err.message}")) from err
         self.restore()
+        _discard_window_moments(self.state)
 
     def unchanged(self) -> set[int]:
         """The ids of the model's non-trainable variables equal to their copy (one host read
