@@ -220,8 +220,8 @@ def conv_net(
 REORDERINGS = ("reversed", "shuffled")
 
 
-#: The book's round-off rule: a difference between two runs that compute the same updates
-#: counts as float round-off when it is at most this many times the largest reordering
+#: A difference between two runs that compute the same updates counts as float round-off
+#: (the book's round-off rule) when it is at most this many times the largest reordering
 #: control. Why a factor and not "no larger than the controls": two or three controls sample
 #: the spread of round-off thinly, and training amplifies it from update to update, so one
 #: more exact run can land a few times beyond them; a wrong accumulation rule is off by far
