@@ -105,16 +105,7 @@ def curves(
     ax = _axes(ax)
     whole_x = True  # every x a whole number (epochs, steps): integer ticks only
     for i, (label, values) in enumerate(series.items(), start=style_start):
-        if isinstance(values, tuple) and len(values) == 2:
-            xs, ys = np.asarray(values[0], float), np.asarray(values[1], float)
-        else:
-            ys = np.asarray(values, float)
-            xs = np.arange(len(ys), dtype=float) if x is None else np.asarray(x, float)
-        if xs.shape != ys.shape:
-            raise ValueError(
-                f"Series {label!r}: x has shape {xs.shape} but y has shape {ys.shape}; they must "
-                "match (pass `x=` or give the series as (x, y))."
-            )
+        xs, ys = _series_xy(label, values, x)
         whole_x = whole_x and bool(np.all(xs == np.round(xs)))
         ax.plot(
             xs, ys, label=str(label), color=color(i), linestyle=_LINESTYLES[i % 4],
@@ -131,6 +122,24 @@ def curves(
     ax.grid(True, alpha=0.3)
     ax.legend(loc=legend_loc)
     return ax
+
+
+def _series_xy(label: Any, values: Any, x: Sequence[float] | np.ndarray | None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """One series of :func:`curves` as float arrays ``(xs, ys)`` of the same shape ``(n,)``:
+    ``values`` is ``(x_i, y_i)`` or ``y`` alone (then against ``x``, or ``0 .. n-1`` when ``x``
+    is ``None``). Raises ``ValueError`` naming ``label`` when the shapes differ."""
+    if isinstance(values, tuple) and len(values) == 2:
+        xs, ys = np.asarray(values[0], float), np.asarray(values[1], float)
+    else:
+        ys = np.asarray(values, float)
+        xs = np.arange(len(ys), dtype=float) if x is None else np.asarray(x, float)
+    if xs.shape != ys.shape:
+        raise ValueError(
+            f"Series {label!r}: x has shape {xs.shape} but y has shape {ys.shape}; they must "
+            "match (pass `x=` or give the series as (x, y))."
+        )
+    return xs, ys
 
 
 def heatmap(
