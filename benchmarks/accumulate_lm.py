@@ -104,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.rounds)
     p = result["throughput_ratio_paired"]
     print(f"accumulate fit / Keras gradient_accumulation_steps fit, throughput, "
-          f"{p['rounds']} rounds: paired median {p['median']:.3f} "
-          f"[{p['low']:.3f}, {p['high']:.3f}], best-of-N {result['throughput_ratio_best_of_n']:.3f}"
-          f" (target >= {result['target']})")
+          f"{p['rounds']} rounds: paired median {bm.ratio_text(p)}, best-of-N "
+          f"{result['throughput_ratio_best_of_n']:.3f} (target >= {result['target']})")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:

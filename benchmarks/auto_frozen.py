@@ -17,7 +17,6 @@ and after.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -40,17 +39,12 @@ def _model(micro: int | str) -> keras.Model:
     hidden = keras.layers.Dense(WIDTH, activation="relu")(inputs)
     hidden = keras.layers.Dense(WIDTH, activation="relu", trainable=False)(hidden)
     model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(hidden))
-    model.compile(keras.optimizers.SGD(0.01), "sparse_categorical_crossentropy",
-                  steps_per_execution=STEPS_PER_EXECUTION)
-    return accumcore.accumulate(model, micro_batch_size=micro)
+    return bm.compiled_sgd(model, steps_per_execution=STEPS_PER_EXECUTION,
+                           micro_batch_size=micro)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=9)
-    parser.add_argument("--samples", type=int, default=3200)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    args = bm.benchmark_parser(__doc__.splitlines()[0], rounds=9, samples=3200).parse_args(argv)
     logging.getLogger("accumcore").setLevel(logging.ERROR)  # the "auto" report, once per model
     x, y = bm.benchmark_data("mlp", args.samples)
     runs = {name: bm.fit_epoch(_model(micro), x, y, BATCH)
@@ -60,8 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
     load_after = os.getloadavg()
     ratio = bm.paired_ratio(seconds["fixed"], seconds["auto"])
     print(f"frozen {WIDTH}x{WIDTH} Dense, steps_per_execution={STEPS_PER_EXECUTION}: auto / "
-          f"fixed b = {ratio['median']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}] "
-          f"({ratio['rounds']} rounds); accumcore from {os.path.dirname(accumcore.__file__)}")
+          f"fixed b = {bm.ratio_text(ratio)} ({ratio['rounds']} rounds); accumcore from "
+          f"{os.path.dirname(accumcore.__file__)}")
     print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
     record = {"seconds": seconds, "ratio": ratio, "load_before": load_before,
               "load_after": load_after}

@@ -21,12 +21,10 @@ between two levels from one model instance to the next).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -34,7 +32,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-import accumcore  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
 BATCH = 64
@@ -46,25 +43,9 @@ TARGETS = {"fixed/plain": 0.95, "auto/fixed": 0.95}
 
 def compiled(model_kind: str, kind: str, spe: int) -> keras.Model:
     """The benchmark model ``model_kind`` compiled with SGD for configuration ``kind``."""
-    model = bm.build_model(model_kind)
-    model.compile(keras.optimizers.SGD(0.01), bm.LOSS, steps_per_execution=spe,
-                  jit_compile=False)
-    if kind != "plain":
-        accumcore.accumulate(model, micro_batch_size=BATCH if kind == "fixed" else "auto")
-    return model
-
-
-def timed(run: Callable[[], float], cpu: list[float]) -> Callable[[], float]:
-    """``run`` (one epoch, returns its wall seconds), also appending the CPU seconds the
-    process used meanwhile (every thread) to ``cpu``."""
-
-    def both() -> float:
-        start = time.process_time()
-        wall = run()
-        cpu.append(time.process_time() - start)
-        return wall
-
-    return both
+    micro = {"plain": None, "fixed": BATCH, "auto": "auto"}[kind]
+    return bm.compiled_sgd(bm.build_model(model_kind), steps_per_execution=spe,
+                           micro_batch_size=micro, jit_compile=False)
 
 
 def measure(model_kind: str, rounds: int, samples: int, spes: tuple[int, ...] = (1, 32)
@@ -76,11 +57,9 @@ def measure(model_kind: str, rounds: int, samples: int, spes: tuple[int, ...] = 
     x, y = bm.benchmark_data(model_kind, samples, "synthetic")
     out: dict[str, Any] = {}
     for spe in spes:
-        cpu: dict[str, list[float]] = {kind: [] for kind in KINDS}
-        runs = {kind: timed(bm.fit_epoch(compiled(model_kind, kind, spe), x, y, BATCH),
-                            cpu[kind]) for kind in KINDS}
-        seconds = bm.paired_rounds(runs, rounds, warmup=2)
-        cpu = {kind: times[-rounds:] for kind, times in cpu.items()}  # the warm-up left out
+        runs = {kind: bm.fit_epoch(compiled(model_kind, kind, spe), x, y, BATCH)
+                for kind in KINDS}
+        seconds, cpu = bm.paired_rounds_with_cpu(runs, rounds, warmup=2)
         out[f"spe{spe}"] = {
             "seconds": seconds, "cpu_seconds": cpu,
             "ratios": {f"{a}/{b}": bm.paired_ratio(seconds[b], seconds[a]) for a, b in RATIOS},
@@ -90,13 +69,10 @@ def measure(model_kind: str, rounds: int, samples: int, spes: tuple[int, ...] = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bm.benchmark_parser(__doc__.split("\n\n")[0], rounds=7, samples=16384,
+                                 samples_help="samples per epoch (the conv net takes a quarter)")
     parser.add_argument("--models", nargs="+", default=["mlp", "conv"], choices=["mlp", "conv"])
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--samples", type=int, default=16384,
-                        help="samples per epoch (the conv net takes a quarter)")
     parser.add_argument("--quick", action="store_true", help="1 round of 256 samples")
-    parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     rounds, samples = (1, 256) if args.quick else (args.rounds, args.samples)
     record: dict[str, Any] = {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rounds": rounds,
@@ -108,12 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         for spe, figures in result.items():
             for name, p in figures["ratios"].items():
                 target = TARGETS.get(name) if model_kind == "mlp" else None
-                verdict = "" if target is None else (
-                    f" (target >= {target}: {'met' if p['low'] >= target else 'not met'})")
-                c = figures["cpu_ratios"][name]
-                print(f"{model_kind:4s} {spe:5s} {name:12s} {p['median']:.3f} "
-                      f"[{p['low']:.3f}, {p['high']:.3f}]{verdict}; CPU time {c['median']:.3f} "
-                      f"[{c['low']:.3f}, {c['high']:.3f}]", flush=True)
+                print(f"{model_kind:4s} {spe:5s} {name:12s} {bm.ratio_text(p)}"
+                      f"{bm.target_text(p, target)}; CPU time "
+                      f"{bm.ratio_text(figures['cpu_ratios'][name])}", flush=True)
     record["load_average"].append(os.getloadavg())
     print(f"load average before {record['load_average'][0]}, after {record['load_average'][1]}")
     if args.out:

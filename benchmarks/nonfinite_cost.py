@@ -22,6 +22,7 @@ machine's state: the steadiest of the three on a shared machine).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -63,6 +64,13 @@ def compiled_model(kind: str, spe: int, x, y) -> keras.Model:
     return model
 
 
+def _epoch_seconds(model: keras.Model, x: Any, y: Any) -> float:
+    """Wall seconds of one epoch of ``fit`` at b = ``MICRO_BATCH``, in order."""
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
+    return time.perf_counter() - start
+
+
 def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, Any]]:
     """``{kind: {"best": ratio, "median": ratio, "paired": {...}, "samples_per_s": best rate,
     "seconds": [...]}}``: each kind's throughput over Keras's, as the best-of-``rounds`` ratio,
@@ -71,12 +79,8 @@ def measure(spe: int, rounds: int, samples: int = 4096) -> dict[str, dict[str, A
     back, so a round's ratio compares runs that shared the machine's state)."""
     x, y = bm.benchmark_data("mlp", samples, "synthetic")
     models = {kind: compiled_model(kind, spe, x, y) for kind in KINDS}
-    seconds: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for r in range(rounds):
-        for kind in KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]:
-            start = time.perf_counter()
-            models[kind].fit(x, y, batch_size=MICRO_BATCH, epochs=1, verbose=0, shuffle=False)
-            seconds[kind].append(time.perf_counter() - start)
+    seconds = bm.paired_rounds({kind: functools.partial(_epoch_seconds, models[kind], x, y)
+                                for kind in KINDS}, rounds, warmup=0)
     keras_best, keras_median = min(seconds["keras_ga"]), statistics.median(seconds["keras_ga"])
     return {kind: {"best": keras_best / min(t), "median": keras_median / statistics.median(t),
                    "paired": bm.paired_ratio(seconds["keras_ga"], t),

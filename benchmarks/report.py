@@ -214,7 +214,7 @@ def accumulate_lm_lines(record: dict[str, Any] | None) -> list[str]:
             "| throughput, accumulate / Keras | paired median [95 % interval] | best of N "
             "| target | |",
             "|---|---|---|---|---|",
-            f"| fit | {p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}] | "
+            f"| fit | {bm.ratio_text(p)} | "
             f"{record['throughput_ratio_best_of_n']:.3f} | ≥ {record['target']:g} | {verdict} |"]
 
 
@@ -243,7 +243,7 @@ def split_fit_lines(record: dict[str, Any] | None) -> list[str]:
     for r in bm.split_fit_rows(record):
         target = "" if r["target"] is None else f"≥ {r['target']:g}"
         lines.append(f"| {r['model']} | {bm.SPLIT_FIT_REFERENCES[r['reference']]} | "
-                     f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | {target} | "
+                     f"{bm.ratio_text(r)} | {target} | "
                      f"{words[r['verdict']]} |")
     if any(r["reference"] == "plain_B" for r in bm.split_fit_rows(record)):
         lines += ["", "Why below plain `fit` at B: the same passes cost more per sample on "
@@ -287,19 +287,17 @@ def _rule_targets_lines(results: dict[str, Any]) -> list[str]:
     def verdict(ok: bool) -> str:
         return "met" if ok else "**missed**"
 
-    def cell(p: dict[str, Any]) -> str:
-        return f"{p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}]"
-
     for spe, kinds in (record or {}).get("by_spe", {}).items():
         p, q = kinds["accumcore"]["paired"], kinds["accumcore_unchecked"]["paired"]
         ok = p["median"] >= RULE_FIT_TARGET and p["low"] >= RULE_FIT_LOW
         extra = ""
         if "accumcore_skip_micro_batch" in kinds:
-            extra = f"; skip_micro_batch {cell(kinds['accumcore_skip_micro_batch']['paired'])}"
-        rows.append(f"| AccumModel.fit / Keras, steps_per_execution={spe} | {cell(p)} "
+            skip = kinds["accumcore_skip_micro_batch"]["paired"]
+            extra = f"; skip_micro_batch {bm.ratio_text(skip)}"
+        rows.append(f"| AccumModel.fit / Keras, steps_per_execution={spe} | {bm.ratio_text(p)} "
                     f"(best of N {kinds['accumcore']['best']:.3f}) | >= {RULE_FIT_TARGET:g}, "
-                    f"low >= {RULE_FIT_LOW:g} | {verdict(ok)} | without the check {cell(q)}"
-                    f"{extra} |")
+                    f"low >= {RULE_FIT_LOW:g} | {verdict(ok)} | without the check "
+                    f"{bm.ratio_text(q)}{extra} |")
     by = {(r["model"], r["variant"]): r for r in results.get("breakdown") or []}
     for model in dict.fromkeys(m for m, _ in by):
         if (model, "optimizer") not in by or (model, "accumcore") not in by:
@@ -308,9 +306,9 @@ def _rule_targets_lines(results: dict[str, Any]) -> list[str]:
         p = bm.paired_ratio(minimal, by[(model, "accumcore")]["seconds"])
         q = bm.paired_ratio(minimal, by[(model, "accumcore_unchecked")]["seconds"]) \
             if (model, "accumcore_unchecked") in by else None
-        rows.append(f"| graph loop / minimal accumulator, {model} | {cell(p)} | >= "
+        rows.append(f"| graph loop / minimal accumulator, {model} | {bm.ratio_text(p)} | >= "
                     f"{RULE_GRAPH_TARGET:g} | {verdict(p['median'] >= RULE_GRAPH_TARGET)} | "
-                    f"without the check {cell(q) if q else 'n/a'} |")
+                    f"without the check {bm.ratio_text(q) if q else 'n/a'} |")
     lines = bm.code_size()["code_lines"][0]
     rows.append(f"| library code lines (`accumcore/` without `lab/`) | {lines:,} | <= "
                 f"{RULE_CODE_LINES:,} | {verdict(lines <= RULE_CODE_LINES)} | measured now |")
@@ -391,8 +389,7 @@ def _paired_cost_table(record: dict[str, Any]) -> list[str]:
         cells = []
         for kind in shown:
             p = kinds[kind]["paired"]
-            cells += [f"{p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}]",
-                      _fmt(kinds[kind]["best"], 3)]
+            cells += [bm.ratio_text(p), _fmt(kinds[kind]["best"], 3)]
         lines.append(f"| {spe} | " + " | ".join(cells) + " |")
     return lines
 
@@ -920,7 +917,7 @@ def _reader_accumulate_lm(record: dict[str, Any] | None) -> list[str]:
             "in alternating order.", "",
             "| throughput, accumulate / Keras | paired median [95 % interval] | best of N |",
             "|---|---|---|",
-            f"| fit | {p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}] | "
+            f"| fit | {bm.ratio_text(p)} | "
             f"{record['throughput_ratio_best_of_n']:.3f} |", ""]
 
 

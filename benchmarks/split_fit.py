@@ -31,6 +31,7 @@ much larger than its weights), one step after a warm-up, the allocator's peak
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -89,12 +90,12 @@ def _compiled(model_kind: str, kind: str, jit: bool = False) -> tuple[keras.Mode
     return model, batch, data
 
 
-def _epoch(model: keras.Model, batch: int, data: Any) -> tuple[float, float]:
-    """Wall and CPU seconds (the process's, every thread) of one epoch of ``fit``."""
+def _epoch(model: keras.Model, batch: int, data: Any) -> float:
+    """Wall seconds of one epoch of ``fit``."""
     x, y, sw = data
-    start, cpu = time.perf_counter(), time.process_time()
+    start = time.perf_counter()
     model.fit(x, y, sample_weight=sw, batch_size=batch, epochs=1, shuffle=False, verbose=0)
-    return time.perf_counter() - start, time.process_time() - cpu
+    return time.perf_counter() - start
 
 
 def measure_speed(model_kind: str, rounds: int, jit: bool = False,
@@ -106,17 +107,9 @@ def measure_speed(model_kind: str, rounds: int, jit: bool = False,
     much less with the other load; a diagnostic, not the throughput)."""
     available = KINDS if model_kind != "lm" else ("split", "keras_ga", "micro_steps")
     kinds = ("split", *(k for k in kinds if k in available and k != "split"))
-    runs = {kind: _compiled(model_kind, kind, jit) for kind in kinds}
-    for run in runs.values():  # trace, then TensorFlow's own warm-up
-        _epoch(*run)
-        _epoch(*run)
-    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
-    cpu: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for r in range(rounds):
-        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-            wall, used = _epoch(*runs[kind])
-            seconds[kind].append(wall)
-            cpu[kind].append(used)
+    runs = {kind: functools.partial(_epoch, *_compiled(model_kind, kind, jit)) for kind in kinds}
+    # Two warm-up epochs each: the trace, then TensorFlow's own warm-up.
+    seconds, cpu = bm.paired_rounds_with_cpu(runs, rounds, warmup=2)
     ratios, cpu_ratios = ({f"split/{kind}": bm.paired_ratio(times[kind], times["split"])
                            for kind in kinds if kind != "split"} for times in (seconds, cpu))
     return {"seconds": seconds, "ratios": ratios, "cpu_seconds": cpu, "cpu_ratios": cpu_ratios,
@@ -190,10 +183,9 @@ def measure_memory() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bm.benchmark_parser(__doc__.split("\n\n")[0], rounds=21)
     parser.add_argument("--models", nargs="+", default=["mlp", "conv"],
                         choices=["mlp", "conv", "lm"])
-    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS,
                         help="the configurations timed (split always is)")
@@ -202,7 +194,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time the MLP and the conv net with jit_compile=True (every "
                         "configuration), as Keras compiles on a GPU")
     parser.add_argument("--memory-child", choices=["split", "plain_b"], help=argparse.SUPPRESS)
-    parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     if args.memory_child:
         print(json.dumps(memory_child(args.memory_child)))
@@ -219,12 +210,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   tuple(args.kinds))
             for ratio, p in result["ratios"].items():
                 target = result["targets"].get(ratio.split("/")[1])
-                verdict = "" if target is None else (
-                    f" (target >= {target}: {'met' if p['low'] >= target else 'not met'})")
-                cpu = result["cpu_ratios"][ratio]
-                print(f"{name:8s} {ratio:19s} throughput {p['median']:.3f} "
-                      f"[{p['low']:.3f}, {p['high']:.3f}]{verdict}; CPU time {cpu['median']:.3f} "
-                      f"[{cpu['low']:.3f}, {cpu['high']:.3f}]", flush=True)
+                print(f"{name:8s} {ratio:19s} throughput {bm.ratio_text(p)}"
+                      f"{bm.target_text(p, target)}; CPU time "
+                      f"{bm.ratio_text(result['cpu_ratios'][ratio])}", flush=True)
     if args.jit and not args.memory_only:
         record["xla_loop"] = xla = measure_xla_loop()
         print("XLA, one micro-batch's gradient, ms: " + ", ".join(

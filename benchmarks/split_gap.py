@@ -34,8 +34,8 @@ shared machine the CPU seconds move much less with the other load.
 
 from __future__ import annotations
 
-import argparse
 import collections
+import functools
 import json
 import os
 import statistics
@@ -142,11 +142,11 @@ def compiled(kind: str, model_kind: str = "mlp") -> tuple[keras.Model, Any]:
     return model, (x, y)
 
 
-def epoch(model: keras.Model, data: Any) -> tuple[float, float]:
-    """Wall and CPU seconds of one epoch of ``fit``."""
-    start, cpu = time.perf_counter(), time.process_time()
+def epoch(model: keras.Model, data: Any) -> float:
+    """Wall seconds of one epoch of ``fit``."""
+    start = time.perf_counter()
     model.fit(*data, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
-    return time.perf_counter() - start, time.process_time() - cpu
+    return time.perf_counter() - start
 
 
 def step_function(model: keras.Model, x: Any, y: Any) -> Any:
@@ -217,17 +217,8 @@ def ops_report(kinds: tuple[str, ...] = KINDS[:4]) -> dict:
 def timings(rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
     """Paired rounds of ``kinds``: seconds per epoch and each one's throughput over
     ``minimal_split`` and over ``split``."""
-    runs = {kind: compiled(kind) for kind in kinds}
-    for run in runs.values():
-        epoch(*run)
-        epoch(*run)
-    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
-    cpu: dict[str, list[float]] = {kind: [] for kind in kinds}
-    for r in range(rounds):
-        for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-            wall, used = epoch(*runs[kind])
-            seconds[kind].append(wall)
-            cpu[kind].append(used)
+    runs = {kind: functools.partial(epoch, *compiled(kind)) for kind in kinds}
+    seconds, cpu = bm.paired_rounds_with_cpu(runs, rounds, warmup=2)
     ratios: dict[str, Any] = {}
     for clock, times in (("wall", seconds), ("cpu", cpu)):
         for reference in ("minimal_split", "split"):
@@ -236,19 +227,17 @@ def timings(rounds: int, kinds: tuple[str, ...] = KINDS) -> dict[str, Any]:
                     ratios[f"{clock} {kind}/{reference}"] = p = bm.paired_ratio(
                         times[reference], times[kind])
                     print(f"{clock:4s} {kind + '/' + reference:32s} throughput "
-                          f"{p['median']:.3f} [{p['low']:.3f}, {p['high']:.3f}]", flush=True)
+                          f"{bm.ratio_text(p)}", flush=True)
     medians = {kind: 1000 * statistics.median(times) for kind, times in cpu.items()}
     print("CPU ms per epoch (median): " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()))
     return {"seconds": seconds, "cpu_seconds": cpu, "ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = bm.benchmark_parser(__doc__.split("\n\n")[0], rounds=21)
     parser.add_argument("--ops", action="store_true", help="count the graph ops only")
     parser.add_argument("--no-ops", action="store_true", help="time only")
-    parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-    parser.add_argument("--out", help="write the figures as JSON here")
     args = parser.parse_args(argv)
     record: dict[str, Any] = {"load_average": [os.getloadavg()]}
     if not args.no_ops:

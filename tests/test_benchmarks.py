@@ -461,6 +461,41 @@ def test_paired_rounds_warms_up_then_rotates_the_order_every_round():
         bm.paired_rounds({}, rounds=2)
 
 
+def test_paired_rounds_with_cpu_times_the_same_calls_and_leaves_out_the_warm_up(monkeypatch):
+    """The CPU seconds are read around each call (a fake clock advanced by the calls), the
+    warm-up calls' left out, in the same rotated order as :func:`bm.paired_rounds`."""
+    clock = [0.0]
+    monkeypatch.setattr(bm.time, "process_time", lambda: clock[0])
+    costs = {"a": iter([50.0, 1.0, 2.0]), "b": iter([60.0, 3.0, 4.0])}
+
+    def run(name):
+        def once():
+            used = next(costs[name])
+            clock[0] += used
+            return 10 * used
+
+        return once
+
+    seconds, cpu = bm.paired_rounds_with_cpu({name: run(name) for name in "ab"}, rounds=2)
+    assert seconds == {"a": [10.0, 20.0], "b": [30.0, 40.0]}
+    assert cpu == {"a": [1.0, 2.0], "b": [3.0, 4.0]}
+
+
+def test_ratio_and_target_text_print_the_interval_and_judge_its_low_end():
+    ratio = {"median": 1.23456, "low": 0.94949, "high": 1.5, "rounds": 3}
+    assert bm.ratio_text(ratio) == "1.235 [0.949, 1.500]"
+    assert bm.target_text(ratio, None) == ""
+    assert bm.target_text(ratio, 0.95) == " (target >= 0.95: not met)"
+    assert bm.target_text(ratio, 0.9) == " (target >= 0.9: met)"
+
+
+def test_benchmark_parser_has_rounds_samples_and_out():
+    args = bm.benchmark_parser("d", rounds=7, samples=64).parse_args(["--rounds", "2"])
+    assert (args.rounds, args.samples, args.out) == (2, 64, None)
+    args = bm.benchmark_parser("d", rounds=5).parse_args(["--out", "x.json"])
+    assert (args.rounds, args.out, hasattr(args, "samples")) == (5, "x.json", False)
+
+
 def test_paired_verdict_calls_a_tie_when_the_interval_contains_1():
     words = dict(faster="up", slower="down")
     assert bm.paired_verdict({"low": 1.01, "high": 1.2}, **words) == "up"

@@ -5,7 +5,9 @@ micro-batch probe) lives in ``benchmarks/suite.py`` and its front end ``benchmar
 it writes ``results.json``. This module holds what both sides share and what the book needs:
 the configuration names and targets, the benchmark models and data, the trace counter and the
 paired, interleaved timings (:func:`paired_rounds`, :func:`fit_epoch`, :func:`paired_ratio`,
-:func:`paired_verdict`; run live in chapter 7), and the analysis of ``results.json`` (ratios,
+:func:`paired_verdict`; run live in chapter 7), what the paired benchmark scripts share
+(:func:`benchmark_parser`, :func:`compiled_sgd`, :func:`paired_rounds_with_cpu`,
+:func:`ratio_text`, :func:`target_text`), and the analysis of ``results.json`` (ratios,
 targets, tables, plots).
 
 ``benchmarks/run.py`` is the command-line front end (JSON, Markdown and PNG output) and the
@@ -70,6 +72,7 @@ Unit tests (seconds; full mode only)
 
 from __future__ import annotations
 
+import argparse
 import ast
 import io
 import json
@@ -638,6 +641,81 @@ def paired_verdict(ratio: dict[str, float], *, faster: str, slower: str,
     if high < 1:
         return slower
     return tie
+
+
+def ratio_text(ratio: Mapping[str, float]) -> str:
+    """A :func:`paired_ratio` as the benchmark scripts print it: ``"median [low, high]"``,
+    three decimals each."""
+    return f"{ratio['median']:.3f} [{ratio['low']:.3f}, {ratio['high']:.3f}]"
+
+
+def target_text(ratio: Mapping[str, float], target: float | None) -> str:
+    """The verdict printed after a :func:`ratio_text`: ``" (target >= T: met)"`` when the
+    ratio's whole 95 % interval reaches ``target`` (a throughput ratio), ``" (target >= T: not
+    met)"`` otherwise, ``""`` when ``target`` is ``None`` (no target)."""
+    if target is None:
+        return ""
+    return f" (target >= {target}: {'met' if ratio['low'] >= target else 'not met'})"
+
+
+def paired_rounds_with_cpu(runs: Mapping[str, Callable[[], float]], rounds: int, *,
+                           warmup: int = 1
+                           ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """:func:`paired_rounds`, also measuring the CPU seconds of every timed call.
+
+    Args:
+        runs, rounds, warmup: as :func:`paired_rounds`.
+
+    Returns:
+        ``(seconds, cpu_seconds)``: ``seconds`` as :func:`paired_rounds` returns it;
+        ``cpu_seconds``, ``{name: [seconds per round]}``, the CPU time the process used during
+        each timed call (``time.process_time``: every thread; the warm-up calls left out). On a
+        shared machine it moves much less with the other load than the wall seconds do.
+    """
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+
+    def with_cpu(name: str, run: Callable[[], float]) -> Callable[[], float]:
+        def timed() -> float:
+            start = time.process_time()
+            wall = run()
+            cpu[name].append(time.process_time() - start)
+            return wall
+
+        return timed
+
+    seconds = paired_rounds({name: with_cpu(name, run) for name, run in runs.items()}, rounds,
+                            warmup=warmup)
+    return seconds, {name: times[warmup:] for name, times in cpu.items()}
+
+
+def compiled_sgd(model: keras.Model, *, steps_per_execution: int,
+                 micro_batch_size: int | str | None = None,
+                 jit_compile: bool | str = "auto") -> keras.Model:
+    """``model`` compiled as the ``fit`` benchmarks compile it: ``SGD(0.01)``, :data:`LOSS`,
+    ``steps_per_execution``, ``jit_compile``; then, unless ``micro_batch_size`` is ``None``
+    (plain Keras), ``accumcore.accumulate(model, micro_batch_size=micro_batch_size)`` (an int
+    b or ``"auto"``). Returns ``model``."""
+    model.compile(keras.optimizers.SGD(0.01), LOSS, steps_per_execution=steps_per_execution,
+                  jit_compile=jit_compile)
+    if micro_batch_size is not None:
+        accumcore.accumulate(model, micro_batch_size=micro_batch_size)
+    return model
+
+
+def benchmark_parser(description: str, *, rounds: int, samples: int | None = None,
+                     samples_help: str | None = None,
+                     out_help: str = "write the figures as JSON here"
+                     ) -> argparse.ArgumentParser:
+    """The command line the paired benchmark scripts share: ``--rounds`` (int, default
+    ``rounds``: timed interleaved rounds), ``--samples`` (int, default ``samples``; only when
+    ``samples`` is given) and ``--out`` (a JSON file to write; default none). A script adds its
+    own options to the parser returned."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    if samples is not None:
+        parser.add_argument("--samples", type=int, default=samples, help=samples_help)
+    parser.add_argument("--out", help=out_help)
+    return parser
 
 
 def unit_tests_cell(record: dict) -> str:
