@@ -366,6 +366,28 @@ def test_accum_trainer_auto_finds_b_at_the_first_batch(data, limit, caplog, entr
     assert "b = 5 samples per micro-batch" in caplog.text and "(16, False)" in caplog.text
 
 
+def test_fit_and_the_trainer_search_b_with_the_same_probes_in_the_same_order(data, limit,
+                                                                            caplog):
+    """One search for both entry points of "auto": where 5 of 16 samples fit, b = 16 and 8 run
+    out of memory, 4 fits, then the bisection probes 6 (out of memory) and 5 (fits), in that
+    order, in ``fit`` (through ``accumulate``) and in ``AccumTrainer``; each logs its probes."""
+    x, y = data
+    probes = "[(16, False), (8, False), (4, True), (6, False), (5, True)]"
+    limit["samples"] = 5
+    model = _limited_mlp()
+    model.compile(adam(), LOSS)
+    ac.accumulate(model, micro_batch_size="auto")
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        model.fit(x[:B], y[:B], batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert f"whether it fitted: {probes}" in caplog.text
+    caplog.clear()
+    trainer = ac.AccumTrainer(_limited_mlp(), adam(), LOSS, micro_batch_size="auto")
+    with caplog.at_level(logging.WARNING, logger="accumcore"):
+        trainer.window_step(tf.constant(x[:B]), tf.constant(y[:B]))
+    assert f"whether it fitted: {probes}" in caplog.text
+    assert model.accumulation.micro_batch_size == trainer.micro_batch_size == 5
+
+
 def test_accum_trainer_auto_out_of_memory_later_raises(data, limit):
     """The trainer finds b once: a later batch that does not fit at that b raises TensorFlow's
     out-of-memory error (``fit`` through ``accumulate`` reruns it instead)."""

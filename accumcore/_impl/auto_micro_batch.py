@@ -1,8 +1,9 @@
 """``micro_batch_size="auto"``: the micro-batch found on the device by running the real step,
 and the same batches rerun with a smaller one whenever a step runs out of memory.
 
-At the first batch (of B samples) b is searched (``accumcore._impl.search.largest_fitting``,
-public as ``accumcore.memory.largest_fitting``, with ``descending=True``): one micro-batch's
+At the first batch (of B samples) b is searched (``accumcore._impl.search.search_micro_batch``,
+which ``AccumTrainer``'s "auto" uses too: ``largest_fitting`` with ``descending=True``, public
+as ``accumcore.memory.largest_fitting``): one micro-batch's
 forward and backward pass of the real model and loss on the batch's first b samples, first
 b = B, halved while it runs out of memory
 (``tf.errors.ResourceExhaustedError``, also raised by XLA), then bisected up between the
@@ -61,12 +62,9 @@ import keras
 import tensorflow as tf
 
 from accumcore._impl.gradients import first_leaf
-from accumcore._impl.search import largest_fitting
+from accumcore._impl.search import OUT_OF_MEMORY, nothing_fits, search_micro_batch
 
 logger = logging.getLogger("accumcore")
-
-#: Errors that mean "the step did not fit in device memory".
-OUT_OF_MEMORY = (tf.errors.ResourceExhaustedError,)
 
 
 def retrying_train_function(model: keras.Model, make: Callable[[], Callable],
@@ -154,7 +152,7 @@ class _Runner:
         self.probes.append((size, False))
         if size <= 1:
             raise type(err)(err.node_def, err.op,
-                            f"{_nothing_fits(self.probes)} {err.message}") from err
+                            f"{nothing_fits(self.probes)} {err.message}") from err
         state = self.model.accumulation
         state.micro_batch_size = (size + 1) // 2
         logger.warning(
@@ -167,25 +165,20 @@ class _Runner:
         samples = _samples(data)
         if self.probe is None or self.model.accumulation.replicas.distributed:
             return samples
-        def fits(size: int) -> bool:
+        probes: list[tuple[int, bool]] = []
+
+        def probe(size: int) -> None:  # changes nothing: every value restored
             before = _Snapshot(self.model)
             try:
                 self.probe(data, size)
-            except OUT_OF_MEMORY:
-                return False
-            else:
                 if not any(fitted for _, fitted in probes):  # the first to run to its end
                     self.unchanged = before.unchanged()
             finally:
                 before.restore()
                 _discard_window_moments(before.state)
-            return True
 
-        probes: list[tuple[int, bool]] = []
         try:
-            return largest_fitting(fits, limit=samples, descending=True, probes=probes)
-        except ValueError as err:
-            raise ValueError(_nothing_fits(probes)) from err
+            return search_micro_batch(probe, samples, probes)
         finally:
             self.probes.extend(probes)
 
@@ -455,13 +448,6 @@ class _Snapshot:
         """Every value as it was."""
         for variable, value in self.parts:
             variable.assign(value)
-
-
-def _nothing_fits(probes: list[tuple[int, bool]]) -> str:
-    """The message when not even one sample fits, with every probe."""
-    return ("micro_batch_size='auto': even micro-batches of 1 sample run out of memory "
-            f"(probes, b and whether it fitted: {probes}). Make the model or its inputs "
-            "smaller, or use a device with more memory.")
 
 
 def _batches(iterator: Any, count: int) -> Iterator[Any]:

@@ -33,11 +33,12 @@ import numpy as np
 import tensorflow as tf
 
 from accumcore._impl import compat, settings
-from accumcore._impl.auto_micro_batch import OUT_OF_MEMORY, retrying_train_function
+from accumcore._impl.auto_micro_batch import retrying_train_function
 from accumcore._impl.denominators import counted, resolve_normalizer, uncounted
 from accumcore._impl.gradients import first_leaf, summed_loss_gradients
 from accumcore._impl.loss_scaling import is_loss_scale_optimizer
 from accumcore._impl.nonfinite import NonFinitePolicy
+from accumcore._impl.search import OUT_OF_MEMORY, probe_total
 from accumcore._impl.settings import AUTO, check_optimizer, warn_if_float16_without_loss_scaling
 from accumcore._impl.state import AccumulationState, saved_micro_step, take
 
@@ -595,9 +596,7 @@ def probe_step(model: keras.Model) -> Callable[[Any, int], float]:
     of the gradients (reading it makes the pass run)."""
 
     def grads_of(x, y, sample_weight):
-        out = _gradients(model, x, y, sample_weight, None)
-        return tf.add_n([tf.reduce_sum(tf.cast(getattr(g, "values", g), tf.float32))
-                         for g in out.grads if g is not None])
+        return probe_total(_gradients(model, x, y, sample_weight, None).grads)
 
     step = tf.function(grads_of, jit_compile=getattr(model, "jit_compile", False) is True)
 

@@ -1,4 +1,5 @@
-"""The micro-batch size search: the largest size for which a predicate holds.
+"""The micro-batch size search: the largest size for which a predicate holds, and
+``micro_batch_size="auto"``'s search on the device (:func:`search_micro_batch`).
 
 :func:`largest_fitting` is public as :func:`accumcore.memory.largest_fitting`; it lives here,
 below the public module, so that ``accumcore._impl.auto_micro_batch`` (``micro_batch_size=
@@ -8,7 +9,6 @@ below the public module, so that ``accumcore._impl.auto_micro_batch`` (``micro_b
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +16,8 @@ import tensorflow as tf
 
 from accumcore._impl.settings import check_positive_int
 
-logger = logging.getLogger("accumcore")
+#: Errors that mean "the step did not fit in device memory".
+OUT_OF_MEMORY = (tf.errors.ResourceExhaustedError,)
 
 
 def largest_fitting(
@@ -126,39 +127,55 @@ def _bisect(probe: Callable[[int], bool], good: int, bad: int, step: int) -> int
     return good
 
 
-def largest_micro_batch(probe: Callable[[Any, int], Any], batch: Any, samples: int,
-                        restored: Sequence[tf.Variable]) -> int:
-    """The largest b <= ``samples`` for which ``probe(batch, b)`` (one micro-batch's forward
-    and backward pass on the first b samples of ``batch``) does not raise
-    ``tf.errors.ResourceExhaustedError``: :func:`largest_fitting` from the top
-    (``descending=True``). The ``restored`` variables (the model's non-trainable ones: BatchNorm
-    statistics, random-number states) are set back after each probe, so probing changes
-    nothing. Logs b and every probe.
+def search_micro_batch(probe: Callable[[int], Any], samples: int,
+                       probes: list[tuple[int, bool]] | None = None) -> int:
+    """The micro-batch search of ``micro_batch_size="auto"`` (every entry point): the largest
+    b <= ``samples`` for which ``probe(b)`` does not raise an :data:`OUT_OF_MEMORY` error.
+
+    :func:`largest_fitting` from the top (``descending=True``): b = ``samples`` first, halved
+    while it runs out of memory, then bisected up between the largest size that fitted and the
+    smallest that did not (16 of which 5 fit: 16, 8 fail, 4 fits, then 6 fails, 5 fits).
+
+    Args:
+        probe: ``probe(b)``, one micro-batch's forward and backward pass on b samples (its
+            result is ignored); it raises ``tf.errors.ResourceExhaustedError`` when b does not
+            fit (any other error propagates) and sets back whatever it changed, so that the
+            search changes nothing.
+        samples: the batch's samples, the largest b probed (>= 1).
+        probes: optional list that receives every ``(b, fitted)``, in order (also when the
+            search raises).
+
+    Returns:
+        The largest b that fitted (samples).
 
     Raises:
-        ValueError: when not even one sample fits, with every probe ``(b, fitted)``.
+        ValueError: when not even one sample fits (:func:`nothing_fits`, with every probe).
     """
+    seen = probes if probes is not None else []
 
     def fits(size: int) -> bool:
-        before = [tf.identity(v) for v in restored]
         try:
-            probe(batch, size)
-        except tf.errors.ResourceExhaustedError:
+            probe(size)
+        except OUT_OF_MEMORY:
             return False
-        finally:
-            for variable, value in zip(restored, before, strict=True):
-                variable.assign(value)
         return True
 
-    probes: list[tuple[int, bool]] = []
     try:
-        size = largest_fitting(fits, limit=samples, descending=True, probes=probes)
+        return largest_fitting(fits, limit=samples, descending=True, probes=seen)
     except ValueError as err:
-        raise ValueError(
-            "micro_batch_size='auto': even micro-batches of 1 sample run out of memory "
+        raise ValueError(nothing_fits(seen)) from err
+
+
+def nothing_fits(probes: list[tuple[int, bool]]) -> str:
+    """The message when not even one sample fits, with every probe ``(b, fitted)``."""
+    return ("micro_batch_size='auto': even micro-batches of 1 sample run out of memory "
             f"(probes, b and whether it fitted: {probes}). Make the model or its inputs "
-            "smaller, or use a device with more memory.") from err
-    logger.warning("micro_batch_size='auto': b = %d samples per micro-batch, found at the "
-                   "first batch of %d (probes, b and whether it fitted: %s).",
-                   size, samples, probes)
-    return size
+            "smaller, or use a device with more memory.")
+
+
+def probe_total(grads: Sequence[Any]) -> tf.Tensor:
+    """What a probe returns: the sum of every element of one micro-batch's gradients
+    (``None`` skipped, an ``IndexedSlices``' values), a float32 scalar; reading it makes the
+    forward and backward pass run."""
+    return tf.add_n([tf.reduce_sum(tf.cast(getattr(g, "values", g), tf.float32))
+                     for g in grads if g is not None])

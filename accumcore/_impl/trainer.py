@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,7 @@ from accumcore._impl.gradients import (
 )
 from accumcore._impl.nonfinite import NonFinitePolicy
 from accumcore._impl.rule import variable_name
-from accumcore._impl.search import largest_micro_batch
+from accumcore._impl.search import probe_total, search_micro_batch
 from accumcore._impl.settings import (
     AUTO,
     check_choice,
@@ -51,6 +52,8 @@ from accumcore._impl.settings import (
     warn_if_float16_without_loss_scaling,
 )
 from accumcore._impl.state import AccumulationState, take
+
+logger = logging.getLogger("accumcore")
 
 MODES = ("eager", "function", "graph")
 
@@ -349,7 +352,7 @@ class AccumTrainer:
                           replicas: int = 1) -> None:
         """``micro_batch_size="auto"``, at the first batch: the largest b that fits one
         micro-batch's forward and backward pass on this device
-        (``search.largest_micro_batch``), the smallest over every replica and worker under a
+        (``search.search_micro_batch``), the smallest over every replica and worker under a
         strategy; kept for the run (``replicas``: the replicas ``x`` is shared by, when it is
         not distributed)."""
         if self.state.micro_batch_size != AUTO:
@@ -359,21 +362,29 @@ class AccumTrainer:
         samples = -(-int(first_leaf(local[0]).shape[0]) // replicas)  # one replica's share
 
         def grads_of(xi, yi, wi):
-            out = summed_loss_gradients(self.model, self._loss_of, xi, yi, wi,
-                                        normalizer=self._weighting, optimizer=self.optimizer)
-            return tf.add_n([tf.reduce_sum(tf.cast(getattr(g, "values", g), tf.float32))
-                             for g in out.grads if g is not None])
+            return probe_total(summed_loss_gradients(
+                self.model, self._loss_of, xi, yi, wi, normalizer=self._weighting,
+                optimizer=self.optimizer).grads)
 
         step = tf.function(grads_of, jit_compile=self.jit_compile)
+        restored = [v for v in self.model.variables if not v.trainable]  # BN, seeds
 
-        def probe(batch: Any, size: int) -> float:  # reading the sum makes the pass run
-            piece = take(batch, 0, size)
-            out = step(*piece) if strategy is None else strategy.run(step, args=piece)
-            return sum(float(v) for v in distribute.local_values(strategy, out)) \
-                if strategy is not None else float(out)
+        def probe(size: int) -> float:  # reading the sum makes the pass run
+            before = [tf.identity(v) for v in restored]
+            try:
+                piece = take(local, 0, size)
+                out = step(*piece) if strategy is None else strategy.run(step, args=piece)
+                return sum(float(v) for v in distribute.local_values(strategy, out)) \
+                    if strategy is not None else float(out)
+            finally:  # the probe changes nothing
+                for variable, value in zip(restored, before, strict=True):
+                    variable.assign(value)
 
-        restored = [v for v in self.model.variables if not v.trainable]
-        size = largest_micro_batch(probe, local, samples, restored)
+        probes: list[tuple[int, bool]] = []
+        size = search_micro_batch(probe, samples, probes)
+        logger.warning("micro_batch_size='auto': b = %d samples per micro-batch, found at the "
+                       "first batch of %d (probes, b and whether it fitted: %s).",
+                       size, samples, probes)
         self.state.micro_batch_size = distribute.smallest_everywhere(strategy, size)
 
     # ------------------------------------------------------------------ one window, in graph
