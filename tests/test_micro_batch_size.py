@@ -505,7 +505,8 @@ def test_out_of_memory_with_frozen_weights_reruns_exactly_and_restores_bn_and_se
     move them by one more update). Window-level BatchNorm goes through the same rerun (its
     pooled window moments are discarded with the aborted step; here the aborted step pooled
     the whole batch, which a double pooling would not change, so this case checks the rerun
-    with that layer, not the discarding)."""
+    with that layer, not the discarding: see
+    ``test_a_step_aborted_mid_window_discards_its_window_batchnorm_moments``)."""
     n = B * FROZEN_RUN["batches"]
     x, y = _frozen_data(kind, n)
     initial, ref = reference_weights(adam, x, y, None, windows=_batches(n, B),
@@ -545,6 +546,100 @@ def test_the_per_step_copy_keeps_what_a_step_changes_and_no_frozen_weight(kind, 
     assert any(v is model.optimizer.iterations for v in kept)
     frozen = _frozen_paths(model)
     assert len(frozen) >= 2 and not frozen & _paths(kept)
+
+
+def _window_bn_model(kind: str, seed: int = 0) -> keras.Model:
+    """An MLP (or an Embedding model) with ``accumcore.WindowBatchNormalization`` in its main
+    path just after the out-of-memory layer: each micro-batch that passes that layer pools its
+    moments into the BatchNorm's window variables (outside the model's variables), one that
+    fails it pools nothing."""
+    keras.utils.set_random_seed(seed)
+    if kind == "mlp":
+        inputs = hidden = keras.Input((8,))
+    else:
+        inputs = keras.Input((5,), dtype="int32")
+        hidden = keras.layers.Flatten()(keras.layers.Embedding(7, 4)(inputs))
+    hidden = keras.layers.Dense(16, activation="tanh")(hidden)
+    hidden = ac.WindowBatchNormalization(name="bn")(_Limit()(hidden))
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(hidden))
+
+
+class _AbortTheSecondMicroBatch(keras.callbacks.Callback):
+    """Before batch 1 (at b = 8: micro-batches 8 + 8): its first micro-batch passes, its second
+    runs out of memory (more than 7 samples fail from the layer's next call but one)."""
+
+    def on_train_batch_begin(self, batch, logs=None) -> None:
+        if batch == 1:
+            _Limit.LIMIT.update(samples=7, after=_Limit.CALLS[0] + 1)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
+def test_a_step_aborted_mid_window_discards_its_window_batchnorm_moments(kind, limit):
+    """8 of 16 samples fit (b = 8); batch 1 runs out of memory at its second micro-batch, after
+    its first pooled its moments in the window-level BatchNorm (the second pools nothing), and
+    reruns at b = 4. The weights and the BatchNorm's moving statistics equal those of the run
+    with the same b schedule (batch 0 at b = 8, the rest at b = 4) and no error: the aborted
+    step's pooled moments were discarded (kept, the window would pool the batch's first 8
+    samples twice, 24 samples, so the moving statistics would move by another mean and
+    variance; were the whole batch pooled twice, they would not, so the second micro-batch
+    must fail before the BatchNorm)."""
+    n = 4 * B
+    x, y = make_data(n) if kind == "mlp" else _tokens(n)
+    limit.update(samples=8, after=0)
+    model = _window_bn_model(kind)
+    model.compile(adam(), LOSS)
+    ac.accumulate(model, micro_batch_size="auto")
+    model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[_AbortTheSecondMicroBatch()])
+    assert model.accumulation.micro_batch_size == 4  # 8, then halved by the error
+    assert int(model.optimizer.iterations.numpy()) == 4
+    assert model.accumulation.counters()["samples_seen"] == n
+    limit.update(samples=10**9, after=0)
+    without = _window_bn_model(kind)
+    without.compile(adam(), LOSS)
+    for micro, part in ((8, slice(0, B)), (4, slice(B, n))):
+        ac.accumulate(without, micro_batch_size=micro)
+        without.fit(x[part], y[part], batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert {"bn/moving_mean", "bn/moving_variance"} <= _paths(model.weights)
+    for variable, other in zip(model.weights, without.weights, strict=True):
+        np.testing.assert_allclose(variable.numpy(), other.numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg=variable.path)
+
+
+class _OutOfMemoryAtTheFirstTrace(keras.metrics.Metric):
+    """A mean of the predictions whose first update while a graph is traced raises the
+    out-of-memory error: as an allocation made during the train step's first trace that does
+    not fit, before the step has copied anything (the search's probes update no metric)."""
+
+    def __init__(self, name: str = "oom_at_first_trace", **kwargs) -> None:
+        super().__init__(name=name, **kwargs)
+        self.total = self.add_variable(shape=(), initializer="zeros", name="total")
+        self.raised = False
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        if tf.inside_function() and not self.raised:
+            self.raised = True
+            raise tf.errors.ResourceExhaustedError(None, None, "injected at the first trace")
+        self.total.assign_add(tf.reduce_mean(tf.cast(y_pred, "float32")))
+
+    def result(self):
+        return self.total
+
+
+@pytest.mark.parametrize("make_model", [_limited_mlp, _limited_embedding],
+                         ids=["mlp", "embedding"])
+def test_out_of_memory_before_the_steps_first_copy_raises(make_model, data, limit):
+    """An out-of-memory error before the step's first copy (nothing saved to rerun from) is
+    raised as TensorFlow raised it, with nothing applied; it does not end the epoch as if the
+    data had run out (a ``StopIteration`` from the train function, which ``fit`` would then
+    report as empty training data)."""
+    x, y = data if make_model is _limited_mlp else _tokens(len(data[0]))
+    model = make_model()
+    model.compile(adam(), LOSS, metrics=[_OutOfMemoryAtTheFirstTrace()])
+    ac.accumulate(model, micro_batch_size="auto")
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="injected at the first trace"):
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    assert int(model.optimizer.iterations.numpy()) == 0
 
 
 # ---------------------------------------------------------------------- static shapes of the slices
