@@ -606,6 +606,28 @@ def test_a_step_aborted_mid_window_discards_its_window_batchnorm_moments(kind, l
                                    err_msg=variable.path)
 
 
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
+def test_accum_trainer_auto_probes_leave_window_batchnorm_unchanged(kind, limit):
+    """``AccumTrainer(micro_batch_size="auto")`` on a model with window-level BatchNorm: the
+    search's probes that fit (4 and 5 of 16 samples) pool their moments in the BatchNorm's
+    window variables, outside the model's; the search discards them, so the weights and the
+    moving statistics equal a trainer given b = 5 (kept, the first window would pool 9 more
+    samples and its moving statistics move by another mean and variance)."""
+    n = 4 * B
+    x, y = make_data(n) if kind == "mlp" else _tokens(n)
+    trained = []
+    for micro, samples in (("auto", 5), (5, 10**9)):
+        limit.update(samples=samples, after=0)
+        trainer = ac.AccumTrainer(_window_bn_model(kind), adam(), LOSS, micro_batch_size=micro)
+        trainer.fit(x, y, batch_size=B, shuffle=False, mode="function", verbose=0)
+        assert trainer.micro_batch_size == 5
+        trained.append(trainer.model)
+    assert {"bn/moving_mean", "bn/moving_variance"} <= _paths(trained[0].weights)
+    for variable, other in zip(trained[0].weights, trained[1].weights, strict=True):
+        np.testing.assert_allclose(variable.numpy(), other.numpy(), rtol=1e-6, atol=1e-7,
+                                   err_msg=variable.path)
+
+
 class _OutOfMemoryAtTheFirstTrace(keras.metrics.Metric):
     """A mean of the predictions whose first update while a graph is traced raises the
     out-of-memory error: as an allocation made during the train step's first trace that does

@@ -379,6 +379,8 @@ class AccumTrainer:
             finally:  # the probe changes nothing
                 for variable, value in zip(restored, before, strict=True):
                     variable.assign(value)
+                for hook in self.state.window_hooks:  # window-level moments it pooled
+                    hook(False)
 
         probes: list[tuple[int, bool]] = []
         size = search_micro_batch(probe, samples, probes)
