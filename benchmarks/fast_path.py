@@ -11,7 +11,9 @@ Usage (repository root, the project's venv):
 Every configuration makes the same updates from the same samples (B = 64 per update, SGD,
 one epoch of ``--samples`` samples, in order): ``plain`` is plain ``fit(batch_size=64)``,
 ``fixed`` is ``accumcore.accumulate(model, micro_batch_size=64)`` with the same ``fit`` (one
-micro-batch per window), ``auto`` is ``accumulate(model, micro_batch_size="auto")``. Each
+micro-batch per window), ``auto`` is ``accumulate(model, micro_batch_size="auto")``, and
+``unchecked`` is ``fixed`` traced without its non-finite check (``suite.UNCHECKED``: a
+diagnostic of what the default ``nonfinite="raise"`` costs; never train so). Each
 round times one epoch of every configuration (``accumcore.lab.benchmarking.paired_rounds``:
 the order rotates every round); a figure is the median of the per-round throughput ratios
 with its 95 % bootstrap interval (``paired_ratio``). The issue's targets: ``fixed/plain`` and
@@ -32,17 +34,27 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import accumcore  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import suite  # noqa: E402
+
 BATCH = 64
-KINDS = ("plain", "fixed", "auto")
+KINDS = ("plain", "fixed", "auto", "unchecked")
 #: The ratios reported, ``(configuration, reference)``, and the issue's targets (MLP).
-RATIOS = (("fixed", "plain"), ("auto", "plain"), ("auto", "fixed"))
+#: ``unchecked/plain`` is a diagnostic: what ``fixed`` costs without its non-finite check.
+RATIOS = (("fixed", "plain"), ("auto", "plain"), ("auto", "fixed"), ("unchecked", "plain"),
+          ("fixed", "unchecked"))
 TARGETS = {"fixed/plain": 0.95, "auto/fixed": 0.95}
 
 
 def compiled(model_kind: str, kind: str, spe: int) -> keras.Model:
     """The benchmark model ``model_kind`` compiled with SGD for configuration ``kind``."""
+    if kind == "unchecked":  # the non-finite check traced out: a diagnostic, never train so
+        model = bm.compiled_sgd(bm.build_model(model_kind), steps_per_execution=spe,
+                                jit_compile=False)
+        return accumcore.accumulate(model, micro_batch_size=BATCH, nonfinite=suite.UNCHECKED)
     micro = {"plain": None, "fixed": BATCH, "auto": "auto"}[kind]
     return bm.compiled_sgd(bm.build_model(model_kind), steps_per_execution=spe,
                            micro_batch_size=micro, jit_compile=False)

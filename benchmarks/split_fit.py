@@ -13,7 +13,9 @@ Speed: every configuration makes the same updates from the same samples (B = 64 
 ``split`` is ``accumcore.accumulate(model, micro_batch_size=16)`` with ``fit(batch_size=64)``,
 ``keras_ga`` is ``Adam(gradient_accumulation_steps=4)`` with ``fit(batch_size=16)`` (one
 train-function call per micro-batch), ``micro_steps`` is ``accumulate(model, accum_steps=4)``
-with ``fit(batch_size=16)``, ``plain_B`` is plain ``fit(batch_size=64)``, ``minimal_split`` is
+with ``fit(batch_size=16)``, ``plain_B`` is plain ``fit(batch_size=64)``, ``split_unchecked``
+(only when asked with ``--kinds``) is ``split`` traced without its non-finite check (a
+diagnostic of what the default ``nonfinite="raise"`` costs; never train so), ``minimal_split`` is
 ``benchmarks/minimal.py``'s ``MinimalSplitModel`` (a hand-written ``train_step`` that cuts the
 batch of 64 into static slices of 16 in a ``tf.while_loop``, sums the gradients and applies
 once: the floor of the split) with ``fit(batch_size=64)``. Each round times one
@@ -52,7 +54,7 @@ import suite  # noqa: E402
 from minimal import MinimalSplitModel  # noqa: E402
 
 MICRO, K = 16, 4
-KINDS = ("split", "keras_ga", "micro_steps", "plain_B", "minimal_split")
+KINDS = ("split", "keras_ga", "micro_steps", "plain_B", "minimal_split", "split_unchecked")
 #: Split's throughput over each reference, per model: issue 40's targets, and issue 47's (at
 #: least 0.95 x the minimal in-step split, at least 1.15 x Keras's accumulation), the stricter
 #: where both set one.
@@ -84,9 +86,12 @@ def _compiled(model_kind: str, kind: str, jit: bool = False) -> tuple[keras.Mode
         data = (x, y, None)
     if kind == "split":
         accumcore.accumulate(model, micro_batch_size=micro)
+    elif kind == "split_unchecked":  # the non-finite check traced out: a diagnostic only
+        accumcore.accumulate(model, micro_batch_size=micro, nonfinite=suite.UNCHECKED)
     elif kind == "micro_steps":
         accumcore.accumulate(model, accum_steps=k)
-    batch = micro * k if kind in ("split", "plain_B", "minimal_split") else micro
+    batch = micro * k if kind in ("split", "split_unchecked", "plain_B", "minimal_split") \
+        else micro
     return model, batch, data
 
 
@@ -112,6 +117,10 @@ def measure_speed(model_kind: str, rounds: int, jit: bool = False,
     seconds, cpu = bm.paired_rounds_with_cpu(runs, rounds, warmup=2)
     ratios, cpu_ratios = ({f"split/{kind}": bm.paired_ratio(times[kind], times["split"])
                            for kind in kinds if kind != "split"} for times in (seconds, cpu))
+    if {"split_unchecked", "minimal_split"} <= set(kinds):  # the check's share of the gap
+        for out, times in ((ratios, seconds), (cpu_ratios, cpu)):
+            out["split_unchecked/minimal_split"] = bm.paired_ratio(times["minimal_split"],
+                                                                   times["split_unchecked"])
     return {"seconds": seconds, "ratios": ratios, "cpu_seconds": cpu, "cpu_ratios": cpu_ratios,
             "targets": TARGETS[model_kind], "jit_compile": jit and model_kind != "lm"}
 
@@ -187,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["mlp", "conv"],
                         choices=["mlp", "conv", "lm"])
     parser.add_argument("--memory-only", action="store_true")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS,
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS[:-1]), choices=KINDS,
                         help="the configurations timed (split always is)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory experiment")
     parser.add_argument("--jit", action="store_true",
