@@ -892,12 +892,13 @@ def test_split_fit_benchmark_measures_paired_ratios_and_memory(tmp_path):
     subprocess.run([sys.executable, script, "--models", "mlp", "--rounds", "2", "--out",
                     str(out)], check=True, timeout=900)
     record = json.loads(out.read_text())
-    assert [len(v) for v in record["mlp"]["seconds"].values()] == [2] * len(split_fit.KINDS)
+    assert [len(v) for v in record["mlp"]["seconds"].values()] == [2] * len(
+        split_fit.DEFAULT_KINDS)
     for p in record["mlp"]["ratios"].values():
         assert p["low"] <= p["median"] <= p["high"] and p["rounds"] == 2
     assert record["memory"]["split"]["peak_bytes"] > 0
     lines = report.split_fit_lines(record)
-    assert sum(line.startswith("| mlp |") for line in lines) == len(split_fit.KINDS) - 1
+    assert sum(line.startswith("| mlp |") for line in lines) == len(split_fit.DEFAULT_KINDS) - 1
     assert "Peak memory" in lines[-1]
 
 
