@@ -499,9 +499,10 @@ def _warn_unseen_denominator(owner: Any, record: Denominator, y_pred: Any) -> No
         f"read as a sum or a mean over samples (here: {why}), so it weighs each micro-batch by "
         "its number of samples: exact only if the loss is a mean over samples"
         + (" (the model's output carries a Keras mask)" if masked else "")
-        + ". If the loss divides by its own count (tokens, a mask), pass that count as "
-        "`normalizer`, e.g. for the tokens whose label is not padding: `normalizer=lambda x, "
-        "y, sample_weight: tf.reduce_sum(tf.cast(y > 0, tf.float32))`."
+        + ". If the loss divides by its own count (tokens, a mask), pass that same count as "
+        "`normalizer`, e.g. where the loss counts the labels that are not padding and padding "
+        "is label 0: `normalizer=lambda x, y, sample_weight: tf.reduce_sum(tf.cast(y > 0, "
+        "tf.float32))` (count what your loss counts: `y >= 0` where ignored labels are -1)."
     ))
 
 
