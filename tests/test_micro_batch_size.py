@@ -400,6 +400,34 @@ def test_accum_trainer_auto_out_of_memory_later_raises(data, limit):
         trainer.window_step(tf.constant(x[B:2 * B]), tf.constant(y[B:2 * B]))
 
 
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
+def test_accum_trainer_window_step_aborted_mid_window_drops_its_partial_window(kind, limit):
+    """``window_step`` at b = 8 of a batch of 16: the second micro-batch runs out of memory
+    after the first was added. The error is raised and the partial window dropped (nothing
+    pending, so the same batch can be given again), and given again it makes the update of
+    plain Keras at B: one update per batch, no micro-batch added twice (kept, the retried
+    window would hold the first 8 samples twice and a ``window_step`` after the error would
+    refuse to start on a pending window)."""
+    n = 2 * B
+    x, y = make_data(n) if kind == "mlp" else _tokens(n)
+    # SGD for the Embedding: Keras's Adam updates a sparse gradient's repeated rows unlike
+    # the dense window (the keras-workflows reference page), so plain Keras is no reference.
+    make_model, make_opt = ((_limited_mlp, adam) if kind == "mlp" else
+                            (_limited_embedding, lambda: keras.optimizers.SGD(0.1)))
+    initial, ref = reference_weights(make_opt, x, y, None, windows=_batches(n, B),
+                                     make_model=make_model)
+    trainer = ac.AccumTrainer(make_model(), make_opt(), LOSS, micro_batch_size=8)
+    trainer.window_step(tf.constant(x[:B]), tf.constant(y[:B]))
+    limit.update(samples=7, after=_Limit.CALLS[0] + 1)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="injected"):
+        trainer.window_step(tf.constant(x[B:]), tf.constant(y[B:]))
+    assert int(trainer.state.micro_step.numpy()) == 0
+    limit.update(samples=10**9, after=0)
+    trainer.window_step(tf.constant(x[B:]), tf.constant(y[B:]))
+    assert int(trainer.optimizer.iterations.numpy()) == 2
+    assert_matches_reference(trainer.model, initial, ref)
+
+
 def test_nothing_fits_raises_with_the_probes(data, limit):
     x, y = data
     limit["samples"] = 0

@@ -413,7 +413,12 @@ class AccumTrainer:
         if self._warns_unsplit() and n <= size and not self._warned_unsplit:
             self._warned_unsplit = settings.warn_if_nothing_split(
                 size, 1, 1, "`AccumTrainer(..., accum_steps=K)`")
-        loss = self._window_fn(x, y, sample_weight, size)
+        try:
+            loss = self._window_fn(x, y, sample_weight, size)
+        except Exception:
+            if self.state.built:  # the window began empty: what it holds is this batch's
+                self.state.drop_window()  # unapplied, so the batch can be given again
+            raise
         self.state.raise_if_nonfinite(self.epoch)
         return loss
 
