@@ -253,3 +253,14 @@ def test_the_callback_without_a_state_names_the_fix():
         model.fit(x, y, batch_size=16, verbose=0, callbacks=[accumcore.WindowFlushCallback()])
     with pytest.raises(TypeError, match="`state` must be an accumcore.AccumulationState"):
         accumcore.WindowFlushCallback(model)
+
+
+def test_chapter_3_runs_the_intro_code_as_printed():
+    """Chapter 3's section "The introduction's own train_step, run" executes the intro's block
+    as printed (the same text, usage lines included), so the page's numbers are this code's."""
+    import json
+
+    notebook = INTRO.parent / "03_model_fit.ipynb"
+    cells = json.loads(notebook.read_text())["cells"]
+    sources = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    assert intro_code().rstrip("\n") in sources
