@@ -149,7 +149,7 @@ FLOOR_RATIO_TARGET = 0.95  # best of (5)/(6) over the floor (8): overhead <= 5 %
 MINIMAL_RATIO_TARGET = 0.95  # best compiled AccumTrainer path over the minimal accumulator (9)
 OPS_RATIO_TARGET = 1.5  # graph ops per traced micro-step <= 1.5 x the minimal accumulator's
 MEMORY_RATIO_TARGET = 1.05  # accumulation peak <= 1.05 x (plain b peak + one copy of weights)
-#: Traces a compiled function needs over 3 epochs with a ragged last window: one per input
+#: Traces a compiled function needs over 3 epochs with a ragged last window, one per input
 #: shape it sees (a full and a ragged window for ``window_step``), none after the first epoch.
 MAX_TRACES = 2
 
