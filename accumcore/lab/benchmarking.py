@@ -548,9 +548,8 @@ def paired_ratio(reference: Sequence[float], seconds: Sequence[float], *,
                  resamples: int = 2000, seed: int = 0) -> dict[str, float]:
     """Throughput of one configuration over a reference timed in the same rounds.
 
-    Each round times both back to back, so a slow phase of a shared machine slows both runs of
-    a round alike; the per-round ratios ``reference[i] / seconds[i]`` cancel it, where a
-    best-of-N or a ratio of medians compares runs of different moments.
+    Each round times both back to back, so the per-round ratios ``reference[i] / seconds[i]``
+    cancel a slow phase of a shared machine.
 
     Args:
         reference, seconds: seconds of the reference and of the configuration, one per round,
@@ -577,9 +576,8 @@ def paired_rounds(runs: Mapping[str, Callable[[], float]], rounds: int, *, warmu
                   ) -> dict[str, list[float]]:
     """Time several configurations in interleaved rounds (A B C, B C A, C A B, ...).
 
-    Every round calls each run once, in an order rotated by one from the round before, so a
-    slow phase of a shared machine hits every configuration of the round; :func:`paired_ratio`
-    then compares them round by round.
+    Every round calls each run once, in an order rotated by one from the round before;
+    :func:`paired_ratio` then compares them round by round.
 
     Args:
         runs: ``{name: run}``; ``run()`` does the work once (e.g. one epoch) and returns its
