@@ -157,15 +157,15 @@ class ResumableLoop:
         }
         self._book = HistoryBook()  # the running sums of the current fit (saved in _sums)
         self.epoch_start_windows = tf.Variable(0, dtype=tf.int64, trainable=False)
-        #: The ``tf.train.Checkpoint`` saved and restored: model, optimizer, accumulation
-        #: state, the epoch's data iterator and the loop's progress.
+        #: The ``tf.train.Checkpoint`` saved and restored (model, optimizer, accumulation
+        #: state, the epoch's data iterator and the loop's progress).
         self.checkpoint = training_checkpoint(
             trainer.model, trainer.optimizer, trainer.state, epoch=self.epoch,
             epoch_start_windows=self.epoch_start_windows, **self._sums,
         )
-        #: The ``tf.train.CheckpointManager`` over ``directory``: ``manager.latest_checkpoint``
-        #: is the path of the checkpoint the next :meth:`fit` restores (``None``: none yet), to
-        #: read with ``tf.train.load_variable``; ``manager.checkpoints`` lists those kept.
+        #: The ``tf.train.CheckpointManager`` over ``directory``. Its ``latest_checkpoint`` is
+        #: the path of the checkpoint the next :meth:`fit` restores (``None`` before the first
+        #: save), readable with ``tf.train.load_variable``; its ``checkpoints`` lists those kept.
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.fspath(directory), max_to_keep=max_to_keep
         )
