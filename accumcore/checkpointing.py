@@ -157,10 +157,15 @@ class ResumableLoop:
         }
         self._book = HistoryBook()  # the running sums of the current fit (saved in _sums)
         self.epoch_start_windows = tf.Variable(0, dtype=tf.int64, trainable=False)
+        #: The ``tf.train.Checkpoint`` saved and restored (model, optimizer, accumulation
+        #: state, the epoch's data iterator and the loop's progress).
         self.checkpoint = training_checkpoint(
             trainer.model, trainer.optimizer, trainer.state, epoch=self.epoch,
             epoch_start_windows=self.epoch_start_windows, **self._sums,
         )
+        #: The ``tf.train.CheckpointManager`` over ``directory``. Its ``latest_checkpoint`` is
+        #: the path of the checkpoint the next :meth:`fit` restores (``None`` before the first
+        #: save), readable with ``tf.train.load_variable``; its ``checkpoints`` lists those kept.
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, os.fspath(directory), max_to_keep=max_to_keep
         )
@@ -382,10 +387,11 @@ class ExactBackupAndRestore(SkipTrainedBatches):
     """Back up mid-epoch and resume ``fit`` exactly, without re-training seen batches.
 
     A drop-in alternative to ``keras.callbacks.BackupAndRestore`` for an integer
-    ``save_freq``. It saves ``model.save_weights`` (model, optimizer and, for
-    :class:`~accumcore.AccumModel`, the accumulation state with a half-full window) plus a
-    small JSON file with the epoch and the number of its batches already trained. On the next
-    ``fit`` it restores the weights and skips exactly those batches of that epoch
+    ``save_freq``. It saves a Keras weights file (``model.save_weights``: in Keras 3 the
+    model's weights, the optimizer's variables and, for :class:`~accumcore.AccumModel`, the
+    accumulation state with a half-full window) plus a small JSON file with the epoch and the
+    number of its batches already trained. On the next ``fit`` it restores all of it (the
+    optimizer built first) and skips exactly those batches of that epoch
     (see :class:`SkipTrainedBatches`). ``fit`` must start at the saved epoch: pass
     ``initial_epoch=callback.initial_epoch`` (or use :func:`fit_resumable`).
 
@@ -394,8 +400,9 @@ class ExactBackupAndRestore(SkipTrainedBatches):
         save_freq: ``"epoch"`` or an int: save every ``save_freq`` batches.
         delete_checkpoint: delete ``backup_dir`` when ``fit`` completes.
 
-    The data order must be the same in every run (``shuffle=False`` or a dataset whose order
-    per epoch is fixed); see the module doc.
+    The order of every epoch must follow from the epoch alone, the same in every process:
+    ``shuffle=False``, a ``tf.data`` dataset in a fixed order, or arrays with ``shuffle=True``
+    after ``keras.utils.set_random_seed`` (the module doc says why).
     """
 
     METADATA = "accumcore_backup.json"

@@ -11,11 +11,21 @@ at most ``log2(b_max / start) + log2(b_max / multiple_of) + 3`` probes, b_max th
 The search logic (:func:`largest_fitting`) takes any predicate ``fits(b) -> bool`` (your own
 rule, or a real training step); :func:`oom_probe` turns a training step into such a
 predicate by catching ``tf.errors.ResourceExhaustedError``, and :func:`plan_accumulation` puts the
-two together::
+two together; :func:`gradient_step_probe` makes the training step of a built model::
 
-    plan = plan_accumulation(oom_probe(make_step(model)), target_batch_size=4096)
+    import keras
+    from accumcore import AccumModel
+    from accumcore.memory import gradient_step_probe, oom_probe, plan_accumulation
+
+    inputs = keras.Input((28, 28, 1))
+    hidden = keras.layers.Conv2D(32, 3, activation="relu")(inputs)
+    outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(hidden))
+    step_at = gradient_step_probe(keras.Model(inputs, outputs),
+                                  "sparse_categorical_crossentropy", (28, 28, 1))
+    plan = plan_accumulation(oom_probe(step_at), target_batch_size=4096)
     model = AccumModel(inputs, outputs, accum_steps=plan.accum_steps)
-    model.fit(x, y, batch_size=plan.micro_batch_size)
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=plan.micro_batch_size)  # x: (n, 28, 28, 1), y: (n,) ints
 """
 
 from __future__ import annotations

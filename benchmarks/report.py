@@ -470,11 +470,12 @@ def _breakdown_section(results: dict[str, Any]) -> list[str]:
     lines = [
         "Where the time of an accumulated micro-batch goes: each variant adds one ingredient "
         "of accumulation to the one before, all as a whole epoch in one `tf.function` (like "
-        "`mode=\"graph\"` and the floor (8)). `optimizer` is the minimal correct accumulator "
-        "(9), its whole-epoch function `minimal_graph` (no checks); "
+        "`mode=\"graph\"` and the floor (8)). The row that adds Adam once per window is the "
+        "minimal correct accumulator (9) as one whole-epoch function, with no checks; "
         "from it to `accumcore` is accumcore's own bookkeeping (NaN/Inf checks, "
-        "further counters, window hooks, per-micro-batch loss records), split by the same loop "
-        "traced without the NaN/Inf check (a diagnostic). The last three rows are `model.fit` "
+        "further counters, window hooks, per-micro-batch loss records), split in two by a row "
+        "with the same loop traced without its NaN/Inf check. The last three rows are "
+        "`model.fit` "
         "(one epoch, not one `tf.function`): Keras's own accumulation and `AccumModel` with "
         "and without the check.", "",
         "| model | variant | samples/s | ms per micro-batch | added ms |",
@@ -817,14 +818,14 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
     def span(key: str) -> str:
         return _span([r.get(key) for r in ratios])
 
-    spreads = sorted(r["spread"] for r in results["throughput"] if r.get("spread") is not None)
-    noise = spreads[len(spreads) // 2] if spreads else None
+    spreads = [50 * r["spread"] for r in results["throughput"] if r.get("spread") is not None]
     spe = results["settings"].get("large_steps_per_execution")
     return [
-        "**What the ratios mean.** The repeats of one configuration spread by "
-        f"{_fmt(100 * noise if noise is not None else None, 0)} % of their median (max − min) "
-        "in this run, a typical figure: ratios that differ by less are within the noise of "
-        "this machine.",
+        "**What the ratios mean.** The throughput tables below give each configuration's "
+        "spread over its repeats (± half their range, in % of the median): "
+        f"±{_span(spreads, 0)} % in this run. A ratio of two figures is uncertain by about "
+        "the sum of their spreads: ratios that differ by less are within the noise of this "
+        "machine.",
         "",
         f"* *(4)/(3)*, `AccumModel.fit` over `fit` with Keras's `gradient_accumulation_steps`: "
         f"{span('fit_vs_keras')} at `steps_per_execution=1`, {span('fit_vs_keras_spe')} at "
@@ -843,19 +844,51 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "same K forward and backward passes without accumulators, checks or optimizer, so the "
         "gap is the whole cost of accumulating: O(weights) per micro-batch against O(b × "
         "weights) for the passes, heaviest on the MLP at b = 16 and lightest on the conv net.",
-        f"* *Fastest accumcore path over plain `fit` at B (2)*: {span('vs_large_batch')}; the "
-        f"bare passes split into K micro-batches ran at {span('split_price')} of the same "
-        "passes unsplit, with no accumulation at all. A small batch gives each kernel less "
-        "parallel work, and every micro-batch pays the fixed per-step costs: accumulation is "
-        "for when B does not fit.",
+        f"* *Fastest accumcore path over plain `fit` at B (2)*: {span('vs_large_batch')}.",
+        _split_sentence(results, ratios),
     ]
+
+
+def _split_sentence(results: dict[str, Any], ratios: list[dict[str, Any]]) -> str:
+    """What the bare passes split into K micro-batches ran at, per model, and the noisiest
+    measurement behind the highest ratio."""
+    per_model = []
+    for model in dict.fromkeys(r["model"] for r in ratios):
+        values = [r["split_price"] for r in ratios
+                  if r["model"] == model and r.get("split_price") is not None]
+        if values:
+            side = ("below 1 in every cell" if max(values) < 1 else
+                    "at or above 1 in every cell" if min(values) >= 1 else "on both sides of 1")
+            per_model.append(f"{_span(values)} on the {model} ({side})")
+    if not per_model:
+        return ""
+    text = ("* *The bare passes split into K micro-batches over the same passes unsplit* "
+            "(floor (8) per window over one pass at B, no accumulation at all): "
+            + "; ".join(per_model) + ".")
+    best = max((r for r in ratios if r.get("split_price") is not None),
+               key=lambda r: r["split_price"])
+    unsplit = next((r for r in results["throughput"] if r["model"] == best["model"]
+                    and r["micro_batch"] == best["micro_batch"]
+                    and r["accum_steps"] == best["accum_steps"] and r["config"] == "floor_B"
+                    and r.get("spread") is not None), None)
+    if unsplit is not None and 50 * unsplit["spread"] >= max(
+            50 * r["spread"] for r in results["throughput"] if r.get("spread") is not None):
+        text += (f" The highest, {_fmt(best['split_price'])} ({best['model']}, b="
+                 f"{best['micro_batch']}, K={best['accum_steps']}), rests on the run's noisiest "
+                 f"figure, the unsplit passes' {_rate(unsplit['median'])} (±"
+                 f"{50 * unsplit['spread']:.0f} %).")
+    return text + (" Where splitting costs, a small batch gives each kernel less parallel "
+                   "work and every micro-batch pays the fixed per-step costs; where B fits, "
+                   "measure both on your device.")
 
 
 def _reader_ratios_plot(plot_prefix: str) -> list[str]:
     """The per-cell ratios as a plot (RESULTS.md has them as a table)."""
     return ["#### Ratios per cell", "",
-            "The ratios of the summary above for each (model, b, K) cell, each comparison with "
-            "the fastest configuration it names; the dashed line marks 1, as fast.", "",
+            "Three ratios of the summary above for each (model, b, K) cell: (4)/(3), the "
+            "fastest of (5)/(6) over its floor (8), and the fastest accumcore path over plain "
+            "fit at B (2), each with the fastest configuration it names; the dashed line "
+            "marks 1, as fast. The other ratios are in the summary only.", "",
             f"![Each ratio of the summary for every (model, b, K) cell, against a dashed line "
             f"at 1]({plot_prefix}ratios.png)", ""]
 
@@ -889,19 +922,58 @@ def _reader_ops(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _separate_run(created: str | None) -> str:
+    """How a section measured apart from the throughput run names its run."""
+    return f"measured in a separate run ({created})" if created else "measured in a separate run"
+
+
+def _check_cost_sentence(record: dict[str, Any]) -> str:
+    """What the first two paired columns say about the check's cost, per steps_per_execution:
+    a cost where their intervals are apart, the noise where they overlap."""
+    overlap, apart = [], []
+    for spe, kinds in record["by_spe"].items():
+        if "accumcore" not in kinds or "accumcore_unchecked" not in kinds:
+            continue
+        checked, unchecked = kinds["accumcore"]["paired"], kinds["accumcore_unchecked"]["paired"]
+        said = (f"{spe}: [{checked['low']:.3f}, {checked['high']:.3f}] with the check, "
+                f"[{unchecked['low']:.3f}, {unchecked['high']:.3f}] without")
+        (apart if checked["high"] < unchecked["low"] else overlap).append(said)
+    parts = []
+    if overlap:
+        parts.append("at steps_per_execution " + "; ".join(overlap) + ", the two intervals "
+                     "overlap: the check's cost is within the noise of this run there")
+    if apart:
+        parts.append("at steps_per_execution " + "; ".join(apart) + ", the intervals are "
+                     "apart: the difference is what the once-per-window check costs")
+    return ("Comparing the first two paired columns: " + ". And ".join(parts) + ".") if parts \
+        else ""
+
+
 def _reader_nonfinite_cost(record: dict[str, Any] | None) -> list[str]:
     if not record:
         return []
     return [f"`AccumModel.fit` over `fit` with Keras's accumulation, as shipped and traced "
-            f"without its NaN/Inf check (which Keras does not have): {record['rounds']} rounds "
-            f"({record['created']}; "
-            f"MLP, b={record['micro_batch']}, K={record['accum_steps']}, "
+            f"without its NaN/Inf check (which Keras does not have), "
+            f"{_separate_run(record.get('created'))}: {record['rounds']} rounds "
+            f"(MLP, b={record['micro_batch']}, K={record['accum_steps']}, "
             f"{_nonfinite_cost_samples(record):,} synthetic samples per epoch). Every round fits "
             "one epoch with each model back to back; the table gives the median "
             "of the per-round ratios with its 95 % bootstrap interval, and the ratio of the "
-            "fastest runs (best of N). The difference between the first two paired columns is "
-            "what the once-per-window check costs; the last column checks every micro-batch "
-            "(`nonfinite=\"skip_micro_batch\"`).", ""] + _paired_cost_table(record) + [""]
+            "fastest runs (best of N). The last column checks every micro-batch "
+            "(`nonfinite=\"skip_micro_batch\"`).", ""] + _paired_cost_table(record) + [
+            "", _check_cost_sentence(record), ""]
+
+
+def _interval_sentence(p: dict[str, float]) -> str:
+    """What a paired interval decides, in a reader's words."""
+    if p["low"] <= 1 <= p["high"]:
+        lopsided = (p["high"] - p["median"]) > 3 * (p["median"] - p["low"])
+        return ("The interval holds 1: this run does not tell the two apart"
+                + (", and it reaches much further above the median than below it, a sign that "
+                   "the rounds varied a lot" if lopsided else "") + ".")
+    return ("The whole interval lies below 1: `accumulate` was slower in this run."
+            if p["high"] < 1 else "The whole interval lies above 1: `accumulate` was faster "
+            "in this run.")
 
 
 def _reader_accumulate_lm(record: dict[str, Any] | None) -> list[str]:
@@ -912,13 +984,13 @@ def _reader_accumulate_lm(record: dict[str, Any] | None) -> list[str]:
             f"{c['hidden']} wide, {c['sequences']} sequences of {c['length']} tokens, b="
             f"{c['micro_batch']}, K={c['accum_steps']}, Adam with an `ExponentialDecay` "
             f"schedule; Keras {c['keras']}, KerasHub {c['keras_hub']}), against the same "
-            f"model with Keras's `gradient_accumulation_steps`, {c['rounds']} rounds. Each "
-            "round fits one epoch with each, "
+            f"model with Keras's `gradient_accumulation_steps`, {c['rounds']} rounds, "
+            f"{_separate_run(record.get('created'))}. Each round fits one epoch with each, "
             "in alternating order.", "",
             "| throughput, accumulate / Keras | paired median [95 % interval] | best of N |",
             "|---|---|---|",
             f"| fit | {bm.ratio_text(p)} | "
-            f"{record['throughput_ratio_best_of_n']:.3f} |", ""]
+            f"{record['throughput_ratio_best_of_n']:.3f} |", "", _interval_sentence(p), ""]
 
 
 def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
@@ -1014,6 +1086,15 @@ def _fold_tables(lines: list[str], title: str) -> list[str]:
     return lines[:first] + _folded(title, rows) + lines[first + len(rows):]
 
 
+def _part_run(results: dict[str, Any], part: str) -> list[str]:
+    """A line naming the run of ``part`` when it was measured apart from the run the machine
+    table dates (``run.py --merge`` records each part's date in ``part_created``)."""
+    created = (results.get("part_created") or {}).get(part)
+    if not results.get(part) or not created or created == results.get("created"):
+        return []
+    return [f"This section was {_separate_run(created)}, on the same machine.", ""]
+
+
 #: Rows of the machine table that describe the run, not the machine (RESULTS.md keeps them).
 _READER_MACHINE_SKIP = ("| platform |", "| load average")
 
@@ -1036,6 +1117,8 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
         lines += [f"## {name}: `{results['device']}`", "", "### Machine", ""]
         lines += [line for line in _machine_section(results)
                   if not line.startswith(_READER_MACHINE_SKIP)] + [""]
+        lines += [f"The tables below come from the run of {results['created']}, except where a "
+                  "section names another run.", ""]
         if results["throughput"]:
             lines += ["### Summary", ""] + _reader_summary(results) + [""]
             lines += ["### Throughput (samples/s)", "",
@@ -1046,7 +1129,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
             lines += _reader_ratios_plot(prefix)
         lines += ["### Graph operations", ""] + _fold_tables(
             _reader_ops(results), "The operations of every entry point") + [""]
-        lines += ["### Where the time goes", ""] + _fold_tables(
+        lines += ["### Where the time goes", ""] + _part_run(results, "breakdown") + _fold_tables(
             _breakdown_section(results), "Every ingredient's time, per model")
         if results.get("breakdown"):
             lines += ["", "The *added ms* column is what each ingredient costs per micro-batch; "

@@ -106,8 +106,24 @@ def public_keras_names(text: str) -> str:
 
 
 def _process(app, what, name, obj, options, lines: list[str]) -> None:
-    lines[:] = _KERAS_SRC.sub(lambda match: _public_names().get(match.group(0), match.group(0)),
-                              public_text("\n".join(lines))).split("\n")
+    """The docstring without internal names; the types napoleon wrote into it from the
+    annotations (``Attributes:``) by their public names too."""
+    lines[:] = public_keras_names(public_text("\n".join(lines))).split("\n")
+
+
+_FACTORY = re.compile(r"\b(\w+)=<factory>")
+
+
+def dataclass_defaults(obj, signature: str) -> str:
+    """``signature`` of a dataclass ``obj`` with each ``field=<factory>`` written as the
+    value the factory makes (``micro_losses=[]``); other signatures unchanged."""
+    import dataclasses
+
+    if "<factory>" not in signature or not dataclasses.is_dataclass(obj):
+        return signature
+    made = {f.name: repr(f.default_factory()) for f in dataclasses.fields(obj)
+            if f.default_factory is not dataclasses.MISSING}
+    return _FACTORY.sub(lambda m: f"{m.group(1)}={made.get(m.group(1), '...')}", signature)
 
 
 def _process_signature(app, what, name, obj, options, signature, return_annotation):
@@ -117,7 +133,7 @@ def _process_signature(app, what, name, obj, options, signature, return_annotati
         for key, hint in hints.items():
             hints[key] = public_keras_names(hint)
     if signature is not None:  # a class as a default value: its name, not its repr
-        signature = _CLASS_REPR.sub(r"\1", public_keras_names(signature))
+        signature = dataclass_defaults(obj, _CLASS_REPR.sub(r"\1", public_keras_names(signature)))
     return (signature,
             None if return_annotation is None else public_keras_names(return_annotation))
 

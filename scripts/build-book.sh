@@ -27,6 +27,7 @@ trap cleanup EXIT
 export ACCUMCORE_BOOK_BUILD=1  # accumcore.lab.book.glue records for the prose
 jupyter-book build . -W -n --keep-going
 python scripts/check_prose_numbers.py _build/jupyter_execute/book  # numbers shown, comparisons computed
+python scripts/check_prose_numbers.py --html _build/html  # no issue refs, internal paths, raw reprs, private params, repeats
 sleep 1  # let the follower print the last progress line
 echo "== book built in $(( $(date +%s) - start )) s ($mode mode)"
 echo "== open $ROOT/_build/html/index.html"

@@ -52,6 +52,7 @@ echo "== book (b) passed in $(( $(date +%s) - t )) s"
 
 echo "== book (b'): every number in a notebook's prose is shown on its page, every comparison computed"
 python scripts/check_prose_numbers.py _build/jupyter_execute/book
+python scripts/check_prose_numbers.py --html _build/html  # no issue refs, internal paths, raw reprs, private params, repeats
 
 echo "== book (c): browser test (headless Chromium)"
 t=$(date +%s)

@@ -49,13 +49,20 @@ writes), in ``<page>.glue.json`` beside them (``read_executed``); a quoted key w
 found either way fails (``unrecorded_glue``). ``GLUE_PRINT_PENDING`` lists pages that are being
 rewritten.
 
+The sixth rule reads the rendered pages (``--html``): no page may show a GitHub issue reference
+(``owner/repo#123``, "issue #123"), an internal module path (``tensorflow.python.``,
+``keras.src.``), a raw object repr (``<function f>``, ``<factory>``, ``object at 0x...``) or a
+private name in a parameter list (``_errors (dict)``), and no page says one sentence twice
+(``rendered_page_problems``).
+
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
-and one per uncomputed comparison)
+and one per uncomputed comparison); python scripts/check_prose_numbers.py --html HTML_DIR
 """
 
 from __future__ import annotations
 
 import ast
+import html.parser
 import json
 import pathlib
 import re
@@ -806,7 +813,160 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
     return machinery_shown(notebook) + missing_sections(notebook) + from_files
 
 
+# ---------------------------------------------------------------------------- rendered pages
+#: What no rendered page may show, anywhere on it (code and signatures included): each kind
+#: was found by a reader on a built page (the API page, appendix B, the reference pages).
+RENDERED: dict[str, str] = {
+    r"(?<![\w/.-])[\w.-]+/[\w.-]+#\d+\b|\bissue #\d+": "a GitHub issue reference: say what "
+                                                         "the limitation is",
+    r"\btensorflow\.python\.|\bkeras\.src\.": "an internal module path (readers import "
+                                                "`tf.` and `keras.` names)",
+    r"<function \w+|<factory>|\bobject at 0x[0-9a-f]+": "a raw object repr in a signature or "
+                                                       "text: write what it is",
+    r"(?<![\w.])_[a-z]\w* \(": "a private name in a rendered parameter list: readers cannot "
+                                "pass it",
+}
+#: A sentence this long (in words) said twice on one page is a repeat, not a refrain.
+REPEAT_MIN_WORDS = 6
+
+
+class _VisibleText(html.parser.HTMLParser):
+    """The text of a built page's article (``<article class="bd-article">``, or the whole
+    body without one), scripts and styles left out; ``prose`` keeps only its paragraphs
+    outside tables, code blocks and API entries (``<dl>``), where repeats are a page's own."""
+
+    _SKIP = {"script", "style"}
+    _NOT_PROSE = {"pre", "table", "dl"}
+    _BLOCKS = {"p", "li", "dt", "dd", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "pre",
+               "div", "tr", "table", "section", "br", "figcaption", "caption"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all: list[tuple[bool, str]] = []
+        self.prose: list[tuple[bool, str]] = []
+        self._open = {"skip": 0, "not_prose": 0, "p": 0, "article": 0}
+        self.has_article = False
+
+    def handle_starttag(self, tag, attrs) -> None:
+        if tag == "article" and "bd-article" in (dict(attrs).get("class") or ""):
+            self._open["article"], self.has_article = 1, True
+        elif tag == "article" and self._open["article"]:
+            self._open["article"] += 1
+        self._count(tag, +1)
+        if tag in self._BLOCKS:
+            self._text("\n")
+
+    def handle_endtag(self, tag) -> None:
+        if tag == "article" and self._open["article"]:
+            self._open["article"] -= 1
+        self._count(tag, -1)
+        if tag in self._BLOCKS:
+            self._text("\n")
+
+    def _count(self, tag: str, step: int) -> None:
+        for key, tags in (("skip", self._SKIP), ("not_prose", self._NOT_PROSE), ("p", {"p"})):
+            if tag in tags:
+                self._open[key] = max(0, self._open[key] + step)
+
+    def handle_data(self, data) -> None:
+        if not self._open["skip"]:  # a line break inside a paragraph is a space
+            self._text(data if self._open["not_prose"] else data.replace("\n", " "))
+
+    def _text(self, data: str) -> None:
+        inside = bool(self._open["article"])
+        self.all.append((inside, data))
+        if data == "\n" or (self._open["p"] and not self._open["not_prose"]):
+            self.prose.append((inside, data))
+
+
+def rendered_text(page_html: str) -> tuple[str, str]:
+    """A built page's visible text (its article if it has one): all of it, and its
+    paragraphs' prose (:class:`_VisibleText`), block elements separated by newlines."""
+    parser = _VisibleText()
+    parser.feed(page_html)
+
+    def join(parts: list) -> str:
+        return "".join(t for inside, t in parts if inside or not parser.has_article)
+
+    return join(parser.all), join(parser.prose)
+
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z`*(\"])|\n+")
+
+
+def _opening(sentence: str, words: int = 4) -> tuple[str, ...]:
+    return tuple(re.sub(r"\W", "", w).lower() for w in sentence.split()[:words])
+
+
+def repeated_sentences(prose: str) -> list[str]:
+    """The sentences of ``prose`` said twice: one of ``REPEAT_MIN_WORDS`` words or more said
+    again verbatim, or a sentence that opens with the same four words as the one before it
+    (a link whose title repeats the sentence it ends: "The book's helpers (`accumcore.lab`)
+    are documented in Appendix B. The book's helpers: `accumcore.lab`."), once each."""
+    seen, repeated, before = set(), [], None
+    for sentence in _SENTENCE.split(prose):
+        sentence = " ".join(sentence.split())
+        if not sentence:
+            continue
+        opening = _opening(sentence)
+        if before is not None and len(opening) == 4 and opening == _opening(before):
+            repeated.append(f"{before} {sentence}")
+        before = sentence
+        if len(sentence.split()) < REPEAT_MIN_WORDS:
+            continue
+        if sentence in seen and sentence not in repeated:
+            repeated.append(sentence)
+        seen.add(sentence)
+    return repeated
+
+
+def rendered_page_problems(page_html: str) -> list[str]:
+    """What a built HTML page shows that no page may (``RENDERED``, anywhere on it) and the
+    sentences it repeats verbatim, one line each."""
+    text, prose = rendered_text(page_html)
+    flat = " ".join(text.split())
+    problems = [f"{why}: {match.group(0)!r}"
+                for pattern, why in RENDERED.items()
+                for match in re.finditer(pattern, flat)]
+    return problems + [f"a sentence said twice on the page: {s!r}"
+                       for s in repeated_sentences(prose)]
+
+
+def main_html(folder: pathlib.Path) -> int:
+    """``--html DIR``: :func:`rendered_page_problems` of every page of a built book
+    (``DIR/book/**/*.html``, or ``DIR/**/*.html``); exit 1 on any."""
+    book = folder / "book" if (folder / "book").is_dir() else folder
+    pages = sorted(book.rglob("*.html"))
+    if not pages:
+        print(f"check_prose_numbers: no HTML pages in {folder}", file=sys.stderr)
+        return 1
+    problems = [f"{page.relative_to(book)}: {problem}" for page in pages
+                for problem in rendered_page_problems(page.read_text(encoding="utf-8"))]
+    for line in problems:
+        print(line)
+    print(f"check_prose_numbers --html: {len(pages)} pages, {len(problems)} problems (issue "
+          "references, internal module paths, raw reprs, private parameters, repeated "
+          "sentences)")
+    return 1 if problems else 0
+
+
+USAGE = """usage: check_prose_numbers.py [EXECUTED_DIR]
+       check_prose_numbers.py --html HTML_DIR
+
+EXECUTED_DIR: the executed notebooks of a build (default _build/jupyter_execute/book).
+--html HTML_DIR: the rendered pages of a build (e.g. _build/html): issue references, internal
+module paths, raw object reprs, private parameter names and sentences said twice."""
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if argv and argv[0] == "--html":
+        if len(argv) != 2:
+            print(USAGE, file=sys.stderr)
+            return 2
+        return main_html(pathlib.Path(argv[1]))
     folder = pathlib.Path(argv[0] if argv else "_build/jupyter_execute/book")
     notebooks = sorted(folder.glob("*.ipynb"))
     if not notebooks:

@@ -144,3 +144,64 @@ def test_the_book_page_includes_the_reader_page_and_states_no_targets():
     assert "```{include} ../../benchmarks/READER.md" in page
     assert "{include} ../../benchmarks/RESULTS.md" not in page
     assert report.reader_page_problems(page) == []
+
+
+def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_from(tmp_path):
+    """The reader found a cost attributed to the check where removing it made fit slower
+    (overlapping intervals), a lopsided interval left unexplained, a noise figure no table
+    gives, and tables of another run presented as the page's one run."""
+    out = _full_fake_run(tmp_path / "run")
+    text = open(report.write_reader_page([out], os.path.join(out, "READER.md")),
+                encoding="utf-8").read()
+    # the fake run's intervals are apart: a cost; overlapping ones: the noise
+    assert "the intervals are apart: the difference is what the once-per-window check" in text
+    overlapping = {"by_spe": {"1": {
+        "accumcore": {"paired": {"median": 0.966, "low": 0.923, "high": 0.989}},
+        "accumcore_unchecked": {"paired": {"median": 0.933, "low": 0.911, "high": 0.988}}}}}
+    sentence = report._check_cost_sentence(overlapping)
+    assert "overlap: the check's cost is within the noise" in sentence
+    assert "[0.923, 0.989] with the check, [0.911, 0.988] without" in sentence
+    assert "costs" not in sentence
+    # a paired interval in a reader's words
+    assert "does not tell the two apart" in report._interval_sentence(
+        {"median": 0.977, "low": 0.956, "high": 1.427})
+    assert "varied a lot" in report._interval_sentence(
+        {"median": 0.977, "low": 0.956, "high": 1.427})
+    assert "varied" not in report._interval_sentence({"median": 1.0, "low": 0.98, "high": 1.03})
+    assert "was slower" in report._interval_sentence({"median": 0.9, "low": 0.85, "high": 0.95})
+    assert "The whole interval lies below 1" in text  # the fake LM ratio, 0.900 [0.850, 0.950]
+    # separate runs named; the noise as the tables' own ± figures
+    assert "measured in a separate run (2026-12-03T22:40:00)" in text
+    assert "spread over its repeats (± half their range, in % of the median): ±" in text
+    assert "of their median (max − min)" not in text
+
+
+def test_a_part_measured_in_another_run_is_dated_on_the_reader_page(tmp_path):
+    out = _full_fake_run(tmp_path / "run")
+    path = os.path.join(out, "results.json")
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    dated = "This section was measured in a separate run (2026-12-01T00:00:00)"
+    results["breakdown"] = [{"model": "mlp", "micro_batch": 16, "accum_steps": 4,
+                             "variant": "floor", "label": "the floor", "median": 4e4,
+                             "ms_per_micro_batch": 0.4}]
+    for part_created, shown in (({"breakdown": "2026-12-01T00:00:00"}, True),
+                                ({"breakdown": results["created"]}, False), ({}, False)):
+        results["part_created"] = part_created
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(results, f)
+        text = report.render_reader_page([out], out)
+        assert (dated in text) == shown, part_created
+        assert f"The tables below come from the run of {results['created']}" in text
+
+
+def test_the_split_sentence_per_model_flags_the_noisiest_figure():
+    """The reader found '0.59–1.86 … every micro-batch pays the fixed per-step costs' while
+    every conv cell was faster split, and the 1.86 rested on a ±47 % figure."""
+    with open(os.path.join(report.RESULTS_DIR, "cpu", "results.json"), encoding="utf-8") as f:
+        results = json.load(f)
+    ratios = bm.throughput_ratios(results)
+    text = report._split_sentence(results, ratios)
+    assert "0.59–0.82 on the mlp (below 1 in every cell)" in text
+    assert "1.03–1.86 on the conv (at or above 1 in every cell)" in text
+    assert "rests on the run's noisiest figure, the unsplit passes' 3,384 (±47 %)" in text

@@ -773,6 +773,12 @@ def test_merge_replaces_the_parts_run_and_takes_the_code_size_now():
     assert merged["code"] == new["code"]
     assert merged["ops"] == new["ops"] and merged["throughput"] == old["throughput"]
     assert "ops" in merged["merged_parts"]
+    # each part keeps the date of the run that measured it (the reader's page names it)
+    old["created"], new["created"] = "2026-12-04T10:00:00", "2026-12-05T10:00:00"
+    old["part_created"] = {"breakdown": "2026-12-04T10:00:00", "ops": "2026-12-04T10:00:00"}
+    merged = run.merge(old, new, ["ops"])
+    assert merged["part_created"] == {"breakdown": "2026-12-04T10:00:00",
+                                      "ops": "2026-12-05T10:00:00"}
 
 
 def _op(start: float, duration: float, name: str, op_type: str):

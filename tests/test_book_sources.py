@@ -301,3 +301,32 @@ def test_appendix_b_problem_signature_names_its_public_fields_only():
         default = "" if field.default is dataclasses.MISSING else f"={field.default!r}"
         assert part == field.name + default, (part, field)
     assert "_" + "reference" not in signature
+
+
+def test_dataclass_signatures_show_what_their_factories_make_and_docstring_types_are_public():
+    """A dataclass field with a ``default_factory`` shows as ``micro_losses=<factory>`` in the
+    signature autodoc builds (a reader found it on the API page): the extension writes the
+    value the factory makes. The types napoleon copies from the annotations into a docstring
+    (``Attributes:``) name TensorFlow's classes by their ``tf.`` name, as the hints do."""
+    import types
+
+    pytest.importorskip("sphinx")
+    from sphinx.util.inspect import signature, stringify_signature
+
+    import accumcore
+    from accumcore.memory import MicroBatchPlan
+
+    module = _load_api_docstrings()
+    app = types.SimpleNamespace(env=types.SimpleNamespace(temp_data={}))
+    for cls, shown in ((accumcore.LoopHistory, "micro_losses=[]"),
+                       (MicroBatchPlan, "probes=[]")):
+        raw = stringify_signature(signature(cls), show_annotation=False)
+        assert "<factory>" in raw  # what autodoc would show without the extension
+        sig, _ = module._process_signature(app, "class", cls.__name__, cls, {}, raw, None)
+        assert "<factory>" not in sig and shown in sig, sig
+    assert module.dataclass_defaults(print, "(x=<factory>)") == "(x=<factory>)"  # not ours
+    lines = [":vartype should_skip: Callable[[Sequence, "
+             "tensorflow.python.framework.tensor.Tensor], tensorflow.python.framework.tensor."
+             "Tensor] | None"]
+    module._process(app, "class", "NonFinitePolicy", None, {}, lines)
+    assert "tensorflow.python" not in lines[0] and "tf.Tensor]" in lines[0], lines[0]

@@ -76,6 +76,16 @@ def test_reference_is_cached_and_replace_drops_it(two_windows):
     assert two_windows.replace(name="x")._reference is None
 
 
+def test_problem_takes_no_private_parameters():
+    """The cache fields are no constructor parameters, so appendix B's signature of Problem
+    shows only what a reader passes."""
+    import inspect
+
+    from accumcore.lab.pitfalls import Problem
+
+    assert [n for n in inspect.signature(Problem).parameters if n.startswith("_")] == []
+
+
 # ------------------------------------------------------------------------------- correct code
 
 

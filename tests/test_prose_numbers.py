@@ -526,3 +526,63 @@ def test_machinery_on_a_markdown_page_fails_and_its_rewrite_passes(written, rewr
 def test_ci_is_machinery_as_a_word_only():
     assert checker.markdown_page_problems("CI tests two stacks.")
     assert checker.markdown_page_problems("A specific choice (ci, CIFAR) passes.") == []
+
+
+# ---------------------------------------------------------------------------- rendered pages
+def _html(body: str) -> str:
+    """A built page: navigation outside the article (never checked), ``body`` inside it."""
+    return ('<html><body><nav><p>The book’s helpers: accumcore.lab.</p></nav>'
+            f'<main><article class="bd-article">{body}</article></main>'
+            '<script>var a = "keras.src.x";</script></body></html>')
+
+
+@pytest.mark.parametrize("bad, good", [
+    ("<p>a Keras bug, reported in keras-team/keras#20585.</p>",
+     "<p>a known Keras limitation: its fit fails under the strategy.</p>"),
+    ("<p>See issue #123 for the details.</p>", "<p>See the limits below for the details.</p>"),
+    ('<dl><dt>nonfinite: str | tensorflow.python.framework.tensor.Tensor</dt></dl>',
+     "<dl><dt>nonfinite: str | tf.Tensor</dt></dl>"),
+    ("<pre>from keras.src.layers import Dense</pre>", "<pre>from keras.layers import Dense</pre>"),
+    ("<dl><dt>LoopHistory(micro_losses=&lt;factory&gt;)</dt></dl>",
+     "<dl><dt>LoopHistory(micro_losses=[])</dt></dl>"),
+    ("<dl><dt>run(build_model=&lt;function mlp&gt;)</dt></dl>",
+     "<dl><dt>run(build_model=mlp)</dt></dl>"),
+    ("<p>&lt;Dense object at 0x7f3a2c1b&gt;</p>", "<p>a Dense layer</p>"),
+    ("<dl><dd><ul><li><p><strong>_errors</strong> (<em>dict</em>) – the errors</p></li></ul>"
+     "</dd></dl>",
+     "<dl><dd><ul><li><p><strong>errors</strong> (<em>dict</em>) – the errors</p></li></ul>"
+     "</dd></dl>"),
+    ("<p>The run ends bit for bit where it stopped.</p><p>Then it goes on. The run ends bit for "
+     "bit where it stopped.</p>",
+     "<p>The run ends bit for bit where it stopped.</p><p>The resumed run ends there too.</p>"),
+    ('<p>The helpers are documented in <a href="b.html">Appendix B. The book’s helpers: '
+     'accumcore.lab</a>. The book’s helpers: accumcore.lab.</p>',
+     '<p>The book’s helpers are documented in <a href="b.html">Appendix B</a>.</p>'),
+])
+def test_a_rendered_page_fails_on_what_a_reader_found_and_passes_without_it(bad, good):
+    assert checker.rendered_page_problems(_html(bad)), bad
+    assert checker.rendered_page_problems(_html(good)) == [], good
+
+
+def test_repeats_in_tables_api_entries_and_code_are_the_pages_own():
+    row = "<tr><td>(2) plain fit at B = K*b of the run</td></tr>"
+    entry = "<dd><p>Returns whether an optimizer update was applied.</p></dd>"
+    page = (f"<table>{row}</table><table>{row}</table><dl>{entry}{entry}</dl>"
+            "<pre>x = 1 and x = 2 and x = 3\nx = 1 and x = 2 and x = 3</pre>"
+            "<p>A sentence that wraps\nover a source line break. Another sentence is here "
+            "in the paragraph.</p>")
+    assert checker.rendered_page_problems(_html(page)) == []
+
+
+def test_main_html_reports_each_page(tmp_path, capsys):
+    (tmp_path / "book" / "reference").mkdir(parents=True)
+    (tmp_path / "book" / "reference" / "devices.html").write_text(
+        _html("<p>reported in keras-team/keras#20585</p>"), encoding="utf-8")
+    (tmp_path / "book" / "intro.html").write_text(_html("<p>Fine.</p>"), encoding="utf-8")
+    assert checker.main(["--html", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "reference/devices.html: a GitHub issue reference" in out
+    assert "intro.html" not in out.replace("2 pages", "")
+    (tmp_path / "book" / "reference" / "devices.html").write_text(
+        _html("<p>a known Keras limitation</p>"), encoding="utf-8")
+    assert checker.main(["--html", str(tmp_path)]) == 0

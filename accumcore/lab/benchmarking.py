@@ -149,7 +149,8 @@ FLOOR_RATIO_TARGET = 0.95  # best of (5)/(6) over the floor (8): overhead <= 5 %
 MINIMAL_RATIO_TARGET = 0.95  # best compiled AccumTrainer path over the minimal accumulator (9)
 OPS_RATIO_TARGET = 1.5  # graph ops per traced micro-step <= 1.5 x the minimal accumulator's
 MEMORY_RATIO_TARGET = 1.05  # accumulation peak <= 1.05 x (plain b peak + one copy of weights)
-#: Most traces allowed per compiled function over 3 epochs (none after the first).
+#: Traces a compiled function needs over 3 epochs with a ragged last window, one per input
+#: shape it sees (a full and a ragged window for ``window_step``), none after the first epoch.
 MAX_TRACES = 2
 
 LOSS = "sparse_categorical_crossentropy"
@@ -256,8 +257,9 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
 
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
     the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
-    traces in each epoch), ``total`` and ``ok`` (at most :data:`MAX_TRACES`, none after the
-    first epoch).
+    traces in each epoch: a trace after the first epoch means the function was built again),
+    ``total`` and ``ok`` (no trace after the first epoch and no more than one per input shape,
+    :data:`MAX_TRACES`).
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)
@@ -546,9 +548,8 @@ def paired_ratio(reference: Sequence[float], seconds: Sequence[float], *,
                  resamples: int = 2000, seed: int = 0) -> dict[str, float]:
     """Throughput of one configuration over a reference timed in the same rounds.
 
-    Each round times both back to back, so a slow phase of a shared machine slows both runs of
-    a round alike; the per-round ratios ``reference[i] / seconds[i]`` cancel it, where a
-    best-of-N or a ratio of medians compares runs of different moments.
+    Each round times both back to back, so the per-round ratios ``reference[i] / seconds[i]``
+    cancel a slow phase of a shared machine.
 
     Args:
         reference, seconds: seconds of the reference and of the configuration, one per round,
@@ -575,9 +576,8 @@ def paired_rounds(runs: Mapping[str, Callable[[], float]], rounds: int, *, warmu
                   ) -> dict[str, list[float]]:
     """Time several configurations in interleaved rounds (A B C, B C A, C A B, ...).
 
-    Every round calls each run once, in an order rotated by one from the round before, so a
-    slow phase of a shared machine hits every configuration of the round; :func:`paired_ratio`
-    then compares them round by round.
+    Every round calls each run once, in an order rotated by one from the round before;
+    :func:`paired_ratio` then compares them round by round.
 
     Args:
         runs: ``{name: run}``; ``run()`` does the work once (e.g. one epoch) and returns its

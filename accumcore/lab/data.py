@@ -61,14 +61,10 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
-        path: a local ``mnist.npz`` (Keras's layout) to use when the Keras download fails,
-            e.g. on a machine without internet. Without it, the path in the
-            ``ACCUMCORE_MNIST_PATH`` environment variable is used, so you can set that once
-            for every page instead of passing ``path``.
-        verbose: print one line saying which source was used (for a local file, its full path
-            and why the download was not used), after whatever Keras prints while it
-            downloads. ``False`` prints nothing, Keras's download lines included; the source
-            is in ``MNIST.source`` either way. Errors are raised either way.
+        path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
+            the ``ACCUMCORE_MNIST_PATH`` environment variable (set it once for every page).
+        verbose: print which source was used; ``False`` prints nothing, Keras's download
+            lines included (``MNIST.source`` says it either way).
 
     Returns:
         An :class:`MNIST` with uint8 arrays and ``source``.

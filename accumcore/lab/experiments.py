@@ -252,12 +252,10 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
 def reordered(batch: Sequence, how: str, seed: int = 0) -> tuple:
     """``batch`` (a tuple of arrays with one row per sample) with its samples in another order.
 
-    The book's *reordering control*: training again with every batch's samples reversed or
-    shuffled computes the same updates, the same real numbers summed in another order, so how
-    far such a run ends from the original one is float32 round-off as that training amplifies
-    it. After one update that is about 1e-6 of the update; after hundreds of updates it can
-    be much larger. A run that claims to be "the same training" as a reference (accumulated,
-    on several replicas, ...) is judged against this yardstick, not against zero.
+    The book's *reordering control*: the same training with every batch's samples in another
+    order sums the same numbers in another order, so its distance from the original run is
+    float32 round-off as that training amplifies it: the yardstick for a run that claims to
+    be "the same training" (accumulated, on several replicas, ...), not zero.
 
     Args:
         batch: ``(x, y)`` or ``(x, y, sample_weight)``.

@@ -62,9 +62,8 @@ def measure_step(step: Callable[[], Any], *, warmup: Callable[[], Any] | None = 
     Args:
         step: the call to measure, e.g. ``lambda: train_step(x, y)``; its result is passed to
             ``np.asarray`` (so that asynchronous GPU work is finished before the clock stops).
-        warmup: the untimed first call (default: ``step``). Passing a call on a tiny batch
-            traces a ``tf.function`` whose input signature has a ``None`` batch dimension
-            without paying for a full step.
+        warmup: the untimed first call (default: ``step``), e.g. a tiny batch that traces
+            the function without paying for a full step.
         repeats: timed calls (int >= 1); the peak covers all of them.
         device: the device whose allocator is read (default: :func:`memory_device`).
 

@@ -71,8 +71,10 @@ class Problem:
     loss: Any = "sparse_categorical_crossentropy"
     normalizer: str = "samples"
     name: str = ""
-    _reference: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
-    _errors: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    _reference: tuple | None = dataclasses.field(default=None, init=False, repr=False,
+                                                 compare=False)
+    _errors: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
 
     def windows(self) -> list[list[Batch]]:
         """The micro-batches in groups of ``accum_steps`` (the last group may be shorter)."""
@@ -91,7 +93,7 @@ class Problem:
 
     def replace(self, **changes: Any) -> Problem:
         """A copy with some fields changed (the cached reference and errors are dropped)."""
-        return dataclasses.replace(self, _reference=None, _errors={}, **changes)
+        return dataclasses.replace(self, **changes)  # a new object: nothing cached
 
     def reference(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """``(initial, final)`` weights of large-batch training (computed once, then cached)."""
