@@ -667,7 +667,12 @@ def _glued_values(notebook: dict) -> dict[str, object]:
     for cell in notebook["cells"]:
         for output in cell.get("outputs", []):
             name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-            text = output.get("data", {}).get("application/papermill.record/text/plain")
+            data = output.get("data", {})
+            markdown = data.get("application/papermill.record/text/markdown")
+            if name and markdown is not None:  # glued Markdown (quoted with {glue:md})
+                values[name] = "".join(markdown)
+                continue
+            text = data.get("application/papermill.record/text/plain")
             if name and text is not None:
                 try:
                     values[name] = ast.literal_eval("".join(text))
@@ -752,7 +757,8 @@ def markup_in_glue(notebook: dict) -> list[str]:
 def executed_page_problems(stem: str, notebook: dict) -> list[str]:
     """The problems only an executed page shows: glued numbers that no output prints, glued
     text with markup in it."""
-    problems = unprinted_glue(notebook) + markup_in_glue(notebook)
+    problems = (unprinted_glue(notebook) + unprinted_markdown_glue(notebook)
+                + markup_in_glue(notebook))
     if stem in GLUE_PRINT_PENDING:
         return [] if problems else [
             "GLUE_PRINT_PENDING lists the page, but it prints every glued number now"]
@@ -777,6 +783,30 @@ def with_build_glue(notebook: dict, glue: dict) -> dict:
     cell = {"cell_type": "code", "source": "", "metadata": {"tags": ["remove-cell"]},
             "outputs": records}
     return {**notebook, "cells": [*notebook["cells"], cell]}
+
+
+_GLUE_MD_ROLE = re.compile(r"\{glue:md\}`(\w+)`")
+
+
+def unprinted_markdown_glue(notebook: dict) -> list[str]:
+    """The numbers inside glued Markdown (``{glue:md}`key```) that no visible output of the
+    page prints, one problem each (``key: number``)."""
+    values, printed = _glued_values(notebook), _printed(notebook)
+    numbers = _PRINTED_NUMBER.findall(printed)
+    problems = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for key in _GLUE_MD_ROLE.findall("".join(cell["source"])):
+            value = values.get(key)
+            for token in _PRINTED_NUMBER.findall(value) if isinstance(value, str) else []:
+                number = float(token.replace(",", ""))
+                if token in printed or _shows(numbers, number, token, ""):
+                    continue
+                problem = f"number in glued Markdown printed by no output: {key}: {token}"
+                if problem not in problems:
+                    problems.append(problem)
+    return problems
 
 
 def unrecorded_glue(notebook: dict) -> list[str]:

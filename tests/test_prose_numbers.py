@@ -410,6 +410,28 @@ def test_a_glued_number_printed_in_any_rounding_passes():
     assert checker.unprinted_glue(page) == []
 
 
+def _markdown_glued_page(markdown: str, printed: str, key: str, value: str) -> dict:
+    """An executed page whose removed cell glues ``value`` as Markdown (``{glue:md}``)."""
+    page = _glued_page(markdown, printed, {})
+    page["cells"][1]["outputs"] = [{
+        "output_type": "display_data", "metadata": {"scrapbook": {"name": key}},
+        "data": {"application/papermill.record/text/markdown": value,
+                 "application/papermill.record/text/plain": "<Markdown object>"}}]
+    return page
+
+
+def test_a_number_in_glued_markdown_that_no_output_prints_fails():
+    """Chapter 7's answer glued as Markdown (code in backticks) quotes ratios: each must be
+    printed on the page, as a ``{glue:text}`` number must."""
+    page = _markdown_glued_page("The fastest: {glue:md}`answer`.", "fit 0.97 x\n", "answer",
+                                "`fit` at 0.97 x plain, `AccumTrainer` at 0.88 x")
+    assert checker.unprinted_markdown_glue(page) == [
+        "number in glued Markdown printed by no output: answer: 0.88"]
+    shown = _markdown_glued_page("The fastest: {glue:md}`answer`.", "fit 0.97, trainer 0.878\n",
+                                 "answer", "`fit` at 0.97 x plain, `AccumTrainer` at 0.88 x")
+    assert checker.unprinted_markdown_glue(shown) == []
+
+
 def test_a_number_printed_by_a_hidden_output_does_not_count():
     page = _glued_page("From {glue:text}`first:.2f`.", "loss 2.32\n", {"first": 2.3150265},
                        tags=("remove-output",))
