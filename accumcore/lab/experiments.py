@@ -1059,7 +1059,7 @@ def batchnorm_rule(stock: SeedComparison, window: SeedComparison) -> tuple[str, 
         return "either", ("both accumulated runs land within the noise of the target, so "
                           "the statistics gap is below the noise here and either layer does; "
                           "WindowBatchNormalization (or convert_batchnorm) is the one whose "
-                          "moving statistics follow the large batch at any run length")
+                          "moving statistics advance once per window, as the large batch's do")
     side = "above" if stock.verdict > 0 else "below"
     return "window", ("window-level BN lands within the noise of the target and stock BN "
                       f"lands {side} it by more than the noise, so the statistics gap matters "
