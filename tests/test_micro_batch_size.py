@@ -400,8 +400,10 @@ def test_accum_trainer_auto_out_of_memory_later_raises(data, limit):
         trainer.window_step(tf.constant(x[B:2 * B]), tf.constant(y[B:2 * B]))
 
 
+@pytest.mark.parametrize("setting", [{"micro_batch_size": 8}, {"accum_steps": 2}])
 @pytest.mark.parametrize("kind", ["mlp", "embedding"])
-def test_accum_trainer_window_step_aborted_mid_window_drops_its_partial_window(kind, limit):
+def test_accum_trainer_window_step_aborted_mid_window_drops_its_partial_window(kind, setting,
+                                                                             limit):
     """``window_step`` at b = 8 of a batch of 16: the second micro-batch runs out of memory
     after the first was added. The error is raised and the partial window dropped (nothing
     pending, so the same batch can be given again), and given again it makes the update of
@@ -416,12 +418,13 @@ def test_accum_trainer_window_step_aborted_mid_window_drops_its_partial_window(k
                             (_limited_embedding, lambda: keras.optimizers.SGD(0.1)))
     initial, ref = reference_weights(make_opt, x, y, None, windows=_batches(n, B),
                                      make_model=make_model)
-    trainer = ac.AccumTrainer(make_model(), make_opt(), LOSS, micro_batch_size=8)
+    trainer = ac.AccumTrainer(make_model(), make_opt(), LOSS, **setting)  # 8 + 8 either way
     trainer.window_step(tf.constant(x[:B]), tf.constant(y[:B]))
     limit.update(samples=7, after=_Limit.CALLS[0] + 1)
     with pytest.raises(tf.errors.ResourceExhaustedError, match="injected"):
         trainer.window_step(tf.constant(x[B:]), tf.constant(y[B:]))
     assert int(trainer.state.micro_step.numpy()) == 0
+    assert int(trainer.optimizer.iterations.numpy()) == 1
     limit.update(samples=10**9, after=0)
     trainer.window_step(tf.constant(x[B:]), tf.constant(y[B:]))
     assert int(trainer.optimizer.iterations.numpy()) == 2

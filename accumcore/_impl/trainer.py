@@ -402,6 +402,12 @@ class AccumTrainer:
         ``jit_compile=True`` stays on for ragged batches. Must start on an empty window (it
         closes the window it opens).
 
+        An error partway (an out-of-memory error at a later micro-batch) drops what the window
+        already added before it is raised, counted in ``samples_dropped``: the weights and the
+        optimizer are as before the call, so the same batch can be given again and is applied
+        once. What the forward passes that ran changed stays changed, as after a failed plain
+        Keras step (``BatchNormalization``'s moving statistics, dropout seeds).
+
         Returns:
             The mean loss over the batch (float32 scalar tensor).
         """
@@ -415,7 +421,7 @@ class AccumTrainer:
                 size, 1, 1, "`AccumTrainer(..., accum_steps=K)`")
         try:
             loss = self._window_fn(x, y, sample_weight, size)
-        except Exception:
+        except BaseException:  # an interrupt too: an eager body can stop partway
             if self.state.built:  # the window began empty: what it holds is this batch's
                 self.state.drop_window()  # unapplied, so the batch can be given again
             raise
