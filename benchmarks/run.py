@@ -72,7 +72,10 @@ def merge(old: dict, new: dict, only: list[str] | None) -> dict:
     merged["duration_s"] = old.get("duration_s", 0.0) + new["duration_s"]
     merged["merged_parts"] = sorted(set(old.get("merged_parts", [])) | set(parts))
     # each part's own run, so that the pages can say which run a table comes from
-    merged["part_created"] = {**old.get("part_created", {}),
+    # (a part of ``old`` with no date of its own was measured by ``old`` 's run)
+    old_dates = {part: old["created"] for part in bm.EXPERIMENTS
+                 if old.get(part) is not None and "created" in old}
+    merged["part_created"] = {**old_dates, **old.get("part_created", {}),
                               **{part: new["created"] for part in parts}}
     merged["targets"] = bm.evaluate_targets(merged)
     return merged

@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             record[name] = result = measure_speed(model_kind, args.rounds, jit,
                                                   tuple(args.kinds))
             for ratio, p in result["ratios"].items():
-                target = result["targets"].get(ratio.split("/")[1])
+                target = (result["targets"].get(ratio.split("/")[1])
+                          if ratio.startswith("split/") else None)  # a diagnostic: none
                 print(f"{name:8s} {ratio:19s} throughput {bm.ratio_text(p)}"
                       f"{bm.target_text(p, target)}; CPU time "
                       f"{bm.ratio_text(result['cpu_ratios'][ratio])}", flush=True)

@@ -801,7 +801,7 @@ def unprinted_markdown_glue(notebook: dict) -> list[str]:
             value = values.get(key)
             for token in _PRINTED_NUMBER.findall(value) if isinstance(value, str) else []:
                 number = float(token.replace(",", ""))
-                if token in printed or _shows(numbers, number, token, ""):
+                if token in numbers or _shows(numbers, number, token, ""):
                     continue
                 problem = f"number in glued Markdown printed by no output: {key}: {token}"
                 if problem not in problems:
@@ -847,12 +847,12 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
 #: What no rendered page may show, anywhere on it (code and signatures included): each kind
 #: was found by a reader on a built page (the API page, appendix B, the reference pages).
 RENDERED: dict[str, str] = {
-    r"(?<![\w/.-])[\w.-]+/[\w.-]+#\d+\b|\bissue #\d+": "a GitHub issue reference: say what "
-                                                         "the limitation is",
-    r"\btensorflow\.python\.|\bkeras\.src\.": "an internal module path (readers import "
-                                                "`tf.` and `keras.` names)",
-    r"<function \w+|<factory>|\bobject at 0x[0-9a-f]+": "a raw object repr in a signature or "
-                                                       "text: write what it is",
+    r"(?<![\w/.-])[\w-]+/[\w.-]+#\d+\b|\b(?:issue|pr|pull request) #?\d+\b":
+        "a GitHub issue reference: say what the limitation is",
+    r"\btensorflow\.python\.|\bkeras\.src\.|\baccumcore\._impl\b":
+        "an internal module path (readers import `tf.`, `keras.` and `accumcore.` names)",
+    r"<(?:function|bound method|class|built-in) |<factory>|\bat 0x[0-9a-f]+":
+        "a raw object repr in a signature or text: write what it is",
     r"(?<![\w.])_[a-z]\w* \(": "a private name in a rendered parameter list: readers cannot "
                                 "pass it",
 }
@@ -957,7 +957,7 @@ def rendered_page_problems(page_html: str) -> list[str]:
     flat = " ".join(text.split())
     problems = [f"{why}: {match.group(0)!r}"
                 for pattern, why in RENDERED.items()
-                for match in re.finditer(pattern, flat)]
+                for match in re.finditer(pattern, flat, re.IGNORECASE)]
     return problems + [f"a sentence said twice on the page: {s!r}"
                        for s in repeated_sentences(prose)]
 

@@ -777,8 +777,14 @@ def test_merge_replaces_the_parts_run_and_takes_the_code_size_now():
     old["created"], new["created"] = "2026-12-04T10:00:00", "2026-12-05T10:00:00"
     old["part_created"] = {"breakdown": "2026-12-04T10:00:00", "ops": "2026-12-04T10:00:00"}
     merged = run.merge(old, new, ["ops"])
-    assert merged["part_created"] == {"breakdown": "2026-12-04T10:00:00",
-                                      "ops": "2026-12-05T10:00:00"}
+    assert merged["part_created"]["breakdown"] == "2026-12-04T10:00:00"
+    assert merged["part_created"]["ops"] == "2026-12-05T10:00:00"
+    # a full run writes no part dates: its parts keep its own date, not the merging run's
+    del old["part_created"]
+    merged = run.merge(old, new, ["ops"])
+    assert merged["part_created"]["ops"] == "2026-12-05T10:00:00"
+    assert {date for part, date in merged["part_created"].items() if part != "ops"} == {
+        "2026-12-04T10:00:00"}
 
 
 def _op(start: float, duration: float, name: str, op_type: str):
