@@ -719,20 +719,21 @@ def unprinted_glue(notebook: dict) -> list[str]:
     values, printed = _glued_values(notebook), _printed(notebook)
     numbers = _PRINTED_NUMBER.findall(printed)
     problems = []
-    for cell in notebook["cells"]:
-        if cell["cell_type"] != "markdown":
+    for key, fmt in quoted_glue(notebook, _GLUE_ROLE):
+        value = values.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        for key, fmt in _GLUE_ROLE.findall("".join(cell["source"])):
-            value = values.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            quoted = format(value, fmt)
-            if quoted in printed or _shows(numbers, value, quoted, fmt):
-                continue
-            problem = f"glued number printed by no output: {key} = {quoted}"
-            if problem not in problems:
-                problems.append(problem)
-    return problems
+        quoted = format(value, fmt)
+        if not (quoted in printed or _shows(numbers, value, quoted, fmt)):
+            problems.append(f"glued number printed by no output: {key} = {quoted}")
+    return list(dict.fromkeys(problems))
+
+
+def quoted_glue(notebook: dict, role: re.Pattern) -> list:
+    """Every match of ``role`` (a glue role's pattern) in the page's Markdown cells, in order:
+    the glued values its prose quotes."""
+    return [match for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+            for match in role.findall("".join(cell["source"]))]
 
 
 #: Pages whose glued numbers are not all printed yet, each with the change that prints them:
@@ -794,19 +795,13 @@ def unprinted_markdown_glue(notebook: dict) -> list[str]:
     values, printed = _glued_values(notebook), _printed(notebook)
     numbers = _PRINTED_NUMBER.findall(printed)
     problems = []
-    for cell in notebook["cells"]:
-        if cell["cell_type"] != "markdown":
-            continue
-        for key in _GLUE_MD_ROLE.findall("".join(cell["source"])):
-            value = values.get(key)
-            for token in _PRINTED_NUMBER.findall(value) if isinstance(value, str) else []:
-                number = float(token.replace(",", ""))
-                if token in numbers or _shows(numbers, number, token, ""):
-                    continue
-                problem = f"number in glued Markdown printed by no output: {key}: {token}"
-                if problem not in problems:
-                    problems.append(problem)
-    return problems
+    for key in quoted_glue(notebook, _GLUE_MD_ROLE):
+        value = values.get(key)
+        for token in _PRINTED_NUMBER.findall(value) if isinstance(value, str) else []:
+            number = float(token.replace(",", ""))
+            if not (token in numbers or _shows(numbers, number, token, "")):
+                problems.append(f"number in glued Markdown printed by no output: {key}: {token}")
+    return list(dict.fromkeys(problems))
 
 
 def unrecorded_glue(notebook: dict) -> list[str]:
@@ -814,15 +809,9 @@ def unrecorded_glue(notebook: dict) -> list[str]:
     its outputs or in the build's ``.glue.json``): the check cannot see what such a key
     shows, so it fails rather than pass blind."""
     recorded = set(_glued_values(notebook))
-    problems = []
-    for cell in notebook["cells"]:
-        if cell["cell_type"] != "markdown":
-            continue
-        for key, _ in _GLUE_ROLE.findall("".join(cell["source"])):
-            problem = f"glue {key!r} quoted, but no value of it recorded for this check"
-            if key not in recorded and problem not in problems:
-                problems.append(problem)
-    return problems
+    return list(dict.fromkeys(
+        f"glue {key!r} quoted, but no value of it recorded for this check"
+        for key, _ in quoted_glue(notebook, _GLUE_ROLE) if key not in recorded))
 
 
 def read_executed(path: pathlib.Path) -> dict:
