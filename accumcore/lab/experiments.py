@@ -216,7 +216,7 @@ def conv_net(
     return model_cls(inputs, outputs, **model_kwargs)
 
 
-#: The reordering controls (see :func:`reordered`), both used by chapter 1's appendix and 8.
+#: The reordering controls (see :func:`reordered`), both used by Appendix A and chapter 8.
 REORDERINGS = ("reversed", "shuffled")
 
 

@@ -129,7 +129,7 @@ def make_problem(
         x: ``(n, d)`` float inputs (or images for a conv ``build_model``).
         y: ``(n,)`` integer labels.
         sizes: samples per micro-batch, in order; ``sum(sizes) <= n``.
-        accum_steps: K.
+        accum_steps: micro-batches per update (K).
         make_optimizer: default plain SGD, learning rate 0.1.
         build_model: default :func:`accumcore.lab.experiments.mlp` with ``hidden`` and ``seed``.
         hidden: hidden widths of the default MLP.
