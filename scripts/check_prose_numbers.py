@@ -385,6 +385,16 @@ def uncomputed_comparisons(notebook: dict, allowed: dict[str, str]) -> list[str]
     return problems
 
 
+#: What no page may show, in its sources (``KNOWN_CONTRADICTIONS["*"]``) or built
+#: (``RENDERED``): regular expression, case-insensitive -> why.
+NEVER_SHOWN: dict[str, str] = {
+    r"(?<![\w/.-])[\w-]+/[\w.-]+#\d+\b|\b(?:issue|pr|pull request) #?\d+\b":
+        "a GitHub issue reference: say what the limitation is",
+    r"\btensorflow\.python\.|\bkeras\.src\.|\baccumcore[./]_impl\b":
+        "an internal module path (readers import `tf.`, `keras.` and `accumcore.` names)",
+}
+
+
 #: Sentences a reader of the full edition found contradicted by the numbers printed on their
 #: own page, or machinery shown to readers (issue 42): page (notebook stem, or "*" for every
 #: page) -> {regular expression, case-insensitive, over the page's prose with whitespace
@@ -451,13 +461,12 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
     },
     "guide_resume": {r"counting from 0": "epochs are counted from 1 for readers"},
     "*": {
+        **NEVER_SHOWN,
         r"at the end of epoch 0\b|in epoch 0\b": "an epoch counted from 0 shown to readers",
         r"tested in `?tests/": "a test citation on a reader's page (CONTRIBUTING keeps them)",
         r"\ba test (?:holds|measures|asserts|checks)\b|\bthe tests (?:inject|crash|assert|"
         r"check)\w*": "cites a test instead of showing the fact (a reference page states it, a "
                       "chapter computes it)",
-        r"\bissue #?\d+\b": "a project issue number: the maintainers' bookkeeping",
-        r"\baccumcore[./]_impl\b": "an internal module named to readers (they cannot import it)",
         r"\bscripts/[\w-]+\.(?:py|sh)\b|\.ci/run\b": "the project's build scripts named to "
                                                         "readers",
         r"(?<![\d.])1(?:\.0+)? times (?:the|as)\b": "a ratio rounded to 1 said as '1 times the "
@@ -506,19 +515,27 @@ def markdown_page_problems(markdown: str) -> list[str]:
 
 def page_text(notebook: dict, outputs: bool = True) -> str:
     """The page as a reader sees it, whitespace collapsed: its markdown, and (``outputs``) the
-    text its code cells print and glue."""
+    text its code cells print and glue (a removed cell's glue records too: the prose shows
+    them), but not the other outputs the page removes (``OUTPUT_HIDDEN``)."""
     parts = []
     for cell in notebook["cells"]:
+        hidden = bool(OUTPUT_HIDDEN & set(cell.get("metadata", {}).get("tags", [])))
         if cell["cell_type"] == "markdown":
             parts.append("".join(cell["source"]))
-        elif outputs:
-            for output in cell.get("outputs", []):
-                text = output.get("text") or ""
-                data = output.get("data", {})
-                text += "".join(data.get("text/plain", "")) + "".join(
-                    data.get("application/papermill.record/text/plain", ""))
-                parts.append(text if isinstance(text, str) else "".join(text))
+            continue
+        for output in cell.get("outputs", []) if outputs else []:
+            if not hidden or "scrapbook" in output.get("metadata", {}):
+                parts.append(_output_text(output))
     return " ".join(" ".join(parts).split())
+
+
+def _output_text(output: dict) -> str:
+    """An output's printed text, plain-text value and glued plain text, joined."""
+    text = output.get("text") or ""
+    data = output.get("data", {})
+    text += "".join(data.get("text/plain", "")) + "".join(
+        data.get("application/papermill.record/text/plain", ""))
+    return text if isinstance(text, str) else "".join(text)
 
 
 def known_contradictions(stem: str, notebook: dict, outputs: bool = True) -> list[str]:
@@ -836,10 +853,7 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
 #: What no rendered page may show, anywhere on it (code and signatures included): each kind
 #: was found by a reader on a built page (the API page, appendix B, the reference pages).
 RENDERED: dict[str, str] = {
-    r"(?<![\w/.-])[\w-]+/[\w.-]+#\d+\b|\b(?:issue|pr|pull request) #?\d+\b":
-        "a GitHub issue reference: say what the limitation is",
-    r"\btensorflow\.python\.|\bkeras\.src\.|\baccumcore\._impl\b":
-        "an internal module path (readers import `tf.`, `keras.` and `accumcore.` names)",
+    **NEVER_SHOWN,
     r"<(?:function|bound method|class|built-in) |<factory>|\bat 0x[0-9a-f]+":
         "a raw object repr in a signature or text: write what it is",
     r"(?<![\w.])_[a-z]\w* \(": "a private name in a rendered parameter list: readers cannot "

@@ -511,6 +511,8 @@ def test_a_quoted_glue_with_no_recorded_value_fails(tmp_path, capsys):
     ("It goes through `accumcore/_impl/compat.py`.", "It is handled in one place."),
     ("CI (`bash scripts/test.sh`, what `.ci/run` runs) tests two stacks.", "CI tests two stacks."),
     ("below both controls (1 times the smaller)", "below both controls (2.1e-3 against 2.2e-3)"),
+    ("Keras's fit fails there (keras-team/keras#20585).", "Keras's fit fails there."),
+    ("a `keras.src.models.Sequential` is built", "a `keras.Sequential` is built"),
 ])
 def test_machinery_on_a_reference_page_fails_and_its_rewrite_passes(written, rewritten):
     """The round-1 read of the reference pages: test citations, issue numbers, internal
@@ -613,3 +615,14 @@ def test_main_html_reports_each_page(tmp_path, capsys):
     (tmp_path / "book" / "reference" / "devices.html").write_text(
         _html("<p>a known Keras limitation</p>"), encoding="utf-8")
     assert checker.main(["--html", str(tmp_path)]) == 0
+
+
+@pytest.mark.parametrize("tags, flagged", [([], True), (["remove-output"], False),
+                                           (["remove-cell"], False)])
+def test_an_output_the_page_removes_is_not_read_as_shown(tags, flagged):
+    """A `fit` history's repr (`<keras.src.callbacks.history.History ...>`) in a cell whose
+    output the page removes is not on the page; printed, it is machinery."""
+    page = {"cells": [{"cell_type": "code", "source": "model.fit(x, y)", "metadata": {"tags": tags},
+                       "outputs": [{"output_type": "execute_result", "data": {
+                           "text/plain": "<keras.src.callbacks.history.History at 0x7f>"}}]}]}
+    assert bool(checker.known_contradictions("03_model_fit", page)) is flagged
