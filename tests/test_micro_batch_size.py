@@ -366,22 +366,25 @@ def test_accum_trainer_auto_finds_b_at_the_first_batch(data, limit, caplog, entr
     assert "b = 5 samples per micro-batch" in caplog.text and "(16, False)" in caplog.text
 
 
+@pytest.mark.parametrize("kind", ["mlp", "embedding"])
 def test_fit_and_the_trainer_search_b_with_the_same_probes_in_the_same_order(data, limit,
-                                                                            caplog):
+                                                                            caplog, kind):
     """One search for both entry points of "auto": where 5 of 16 samples fit, b = 16 and 8 run
     out of memory, 4 fits, then the bisection probes 6 (out of memory) and 5 (fits), in that
-    order, in ``fit`` (through ``accumulate``) and in ``AccumTrainer``; each logs its probes."""
-    x, y = data
+    order, in ``fit`` (through ``accumulate``) and in ``AccumTrainer``; each logs its probes.
+    An MLP, and tokens through an ``Embedding``."""
+    x, y = data if kind == "mlp" else _tokens(B)
+    make_model = _limited_mlp if kind == "mlp" else _limited_embedding
     probes = "[(16, False), (8, False), (4, True), (6, False), (5, True)]"
     limit["samples"] = 5
-    model = _limited_mlp()
+    model = make_model()
     model.compile(adam(), LOSS)
     ac.accumulate(model, micro_batch_size="auto")
     with caplog.at_level(logging.WARNING, logger="accumcore"):
         model.fit(x[:B], y[:B], batch_size=B, epochs=1, shuffle=False, verbose=0)
     assert f"whether it fitted: {probes}" in caplog.text
     caplog.clear()
-    trainer = ac.AccumTrainer(_limited_mlp(), adam(), LOSS, micro_batch_size="auto")
+    trainer = ac.AccumTrainer(make_model(), adam(), LOSS, micro_batch_size="auto")
     with caplog.at_level(logging.WARNING, logger="accumcore"):
         trainer.window_step(tf.constant(x[:B]), tf.constant(y[:B]))
     assert f"whether it fitted: {probes}" in caplog.text
