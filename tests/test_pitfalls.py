@@ -264,6 +264,61 @@ def test_recipe_source_drops_docstrings_keeps_bug_lines_narrow(obj):
         assert "# BUG" not in line or line.lstrip().startswith("# BUG")
 
 
+def _run_listing(obj, folder):
+    """The names defined by recipe_imports + recipe_source of ``obj``, as the book shows them,
+    saved as a module of their own in ``folder`` and imported (autograph reads its source)."""
+    import importlib.util
+
+    path = folder / f"listing_{obj.__name__}.py"
+    path.write_text(pitfalls.recipe_imports([obj]) + pitfalls.recipe_source(obj))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return vars(module)
+
+
+def _listing_problem(obj, two_windows, partial):
+    if obj is pitfalls.clip_per_micro_batch:
+        return two_windows.replace(
+            make_optimizer=lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.5))
+    if obj is pitfalls.clip_before_unscale:
+        return two_windows.replace(make_optimizer=lambda: keras.optimizers.LossScaleOptimizer(
+            keras.optimizers.SGD(0.1, global_clipnorm=0.5)))
+    return partial  # a partial last window, so that the partial-window bugs act
+
+
+@pytest.mark.parametrize("obj", pitfalls.RECIPES, ids=lambda obj: obj.__name__)
+def test_recipe_listing_runs_as_shown(obj, two_windows, partial, tmp_path):
+    """The book shows recipe_imports + recipe_source: run as text, each trains exactly as the
+    library's own function (or, for the helpers, computes the same gradient / is defined)."""
+    namespace = _run_listing(obj, tmp_path)
+    shown = namespace[obj.__name__]
+    assert shown is not obj  # defined by the listing, not imported
+    if obj is pitfalls.SumRawGradientsModel:
+        assert issubclass(shown, keras.Model)
+        return
+    if obj is pitfalls.window_gradient:
+        model, loss_fn = partial.build_model(), experiments.keras_loss(partial.loss)
+        window = partial.windows()[0]
+        expected = pitfalls.window_gradient(partial, model, loss_fn, window)
+        for a, b in zip(shown(partial, model, loss_fn, window), expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9)
+        return
+    p = _listing_problem(obj, two_windows, partial)
+    for a, b in zip(shown(p).get_weights(), obj(p).get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_recipe_imports_name_every_free_name_once():
+    text = pitfalls.recipe_imports(pitfalls.RECIPES)
+    assert "import tensorflow as tf" in text and "from accumcore import AccumTrainer" in text
+    assert "_impl" not in text and max(len(line) for line in text.splitlines()) <= 88
+    imported = text.replace(",", " ").replace("(", " ").replace(")", " ").split()
+    for name in ("Problem", "mean_loss_gradients", "zero_gradients", "batch_weight",
+                 "keras_loss", "optimizer_like", "Any"):
+        assert imported.count(name) == 1, name
+
+
 # ------------------------------------------------------------------------------- embeddings
 
 

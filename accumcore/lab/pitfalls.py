@@ -235,6 +235,61 @@ def recipe_source(obj: Any) -> str:
     return "\n".join(line for i, line in enumerate(lines) if i not in drop) + "\n"
 
 
+def _free_names(source: str) -> set[str]:
+    """Names ``source`` reads but never binds (parameters, assignments, defs), minus builtins."""
+    import ast
+    import builtins
+
+    bound, loaded = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+    return loaded - bound - set(dir(builtins))
+
+
+def recipe_imports(objs: Sequence[Any]) -> str:
+    """The import lines after which each of ``objs``'s :func:`recipe_source` runs as shown.
+
+    Every name a recipe reads without defining it is imported from where a reader would: a
+    module by its own name (``import tensorflow as tf``), a public accumcore name from
+    ``accumcore``, a typing name from ``typing``, anything else (the shared helpers such as
+    :func:`mean_loss_gradients`, :class:`Problem`) from ``accumcore.lab.pitfalls``.
+    """
+    import inspect
+    import textwrap
+
+    import accumcore
+
+    names = set().union(*(_free_names(recipe_source(obj)) for obj in objs))
+    plain, named = [], {}
+    for name in sorted(names):
+        value = globals()[name]
+        if inspect.ismodule(value):
+            alias = "" if value.__name__ == name else f" as {name}"
+            plain.append(f"import {value.__name__}{alias}")
+        elif name in accumcore.__all__:
+            named.setdefault("accumcore", []).append(name)
+        elif getattr(value, "__module__", "") == "typing":
+            named.setdefault("typing", []).append(name)
+        else:
+            named.setdefault(__name__, []).append(name)
+    lines = [f"from typing import {', '.join(named.pop('typing'))}"] if "typing" in named else []
+    lines += sorted(plain)
+    for module in sorted(named):
+        head = f"from {module} import "
+        body = ", ".join(named[module])
+        if len(head) + len(body) <= 88:
+            lines.append(head + body)
+        else:
+            wrapped = textwrap.wrap(body, 84, initial_indent="    ", subsequent_indent="    ")
+            lines += [head + "(", *wrapped[:-1], wrapped[-1] + ",", ")"]
+    return "\n".join(lines) + "\n"
+
+
 def _select(weights: Sequence[np.ndarray], model: keras.Model, which: str) -> list[np.ndarray]:
     if which == "all":
         return list(weights)
@@ -802,3 +857,13 @@ def embedding_gap(p: Problem) -> dict[str, float]:
     accumulated = get_weights(accumcore_recipe(p))
     return {"keras_vs_dense": relative_error(keras_final, dense, initial),
             "accumcore_vs_dense": relative_error(accumulated, dense, initial)}
+
+
+#: The recipes whose source the book shows (:func:`recipe_source`), correct ones first; with
+#: :func:`recipe_imports` in front, each runs as shown.
+RECIPES = (
+    window_gradient, correct_loop, accumcore_recipe, loss_not_rescaled,
+    accumulators_before_variables, never_reset, reset_every_micro_batch, partial_window_dropped,
+    partial_window_divided_by_k, mean_of_means, apply_every_micro_step, clip_per_micro_batch,
+    clip_before_unscale, SumRawGradientsModel, tf_function_epoch_divide_by_k,
+)
