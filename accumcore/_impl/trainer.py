@@ -100,6 +100,14 @@ class AccumTrainer:
             ``accumcore._impl.denominators.micro_batch_weight``.
         jit_compile: compile the ``tf.function`` steps with XLA.
 
+    Attributes:
+        model: the model given.
+        state: its :class:`~accumcore.AccumulationState` (the pending window, its weight and
+            the run's counters): checkpoint it with the model, as in
+            ``tf.train.Checkpoint(model=model, optimizer=trainer.optimizer,
+            state=trainer.state)``, to resume mid-window.
+        epoch: epochs ``fit`` has run (0-based index of the next one).
+
     The trainable set is followed: freeze or unfreeze layers between calls and the next
     micro-batch re-creates the accumulators (the window must be empty; ``flush()`` first)
     and retraces. A Keras optimizer cannot take new variables: after unfreezing, assign a
@@ -522,9 +530,11 @@ class AccumTrainer:
                 ``effective_batch_size=B, micro_batch_size=b``: b, its default). Not with a
                 dataset.
             epochs: number of epochs.
-            shuffle: arrays only (a dataset is used in its own order): ``True`` (default, as
-                ``model.fit``) draws a new order every epoch, from TensorFlow's global seed
-                (``keras.utils.set_random_seed``); ``False`` keeps the order.
+            shuffle: arrays only (a dataset is used in its own order): ``True`` (default)
+                draws a new order every epoch from TensorFlow's global seed, so after
+                ``keras.utils.set_random_seed`` every run draws the same sequence of orders
+                (Keras's ``model.fit`` after ``set_random_seed`` repeats one order in every
+                epoch, in Keras 3.15); ``False`` keeps the order.
             steps_per_epoch: batches per epoch, as in ``model.fit`` (required for an infinite
                 dataset): one iterator runs across the epochs; if the data runs out, a warning
                 says so and the next epoch starts a new pass.
