@@ -591,21 +591,21 @@ def _probe_section(results: dict[str, Any]) -> list[str]:
              "(`TF_CPU_BFC_MEM_LIMIT_IN_MB`) plays the device memory" if p.get("cpu_limit_mb")
              else f"the whole memory of `{p['device']}`")
     seconds = p.get("probe_seconds") or [None] * len(p["probes"])
-    rows = [f"| {i} | {b} | {'yes' if ok else 'no (ResourceExhaustedError)'} | "
-            f"{'' if t is None else f'{t:.1f}'} |"
-            for i, ((b, ok), t) in enumerate(zip(p["probes"], seconds, strict=True), start=1)]
+    cells = [(str(b), "yes" if ok else "no", "" if t is None else f"{t:.1f}")
+             for (b, ok), t in zip(p["probes"], seconds, strict=True)]
     return [
         f"`accumcore.memory.plan_accumulation` on the conv net (filters {p['filters']}), "
-        f"{where}: target B={p['target_batch_size']}. The probes, in the order they ran:",
+        f"{where}: target B={p['target_batch_size']}. The probes, in the order they ran "
+        "(no: ResourceExhaustedError):",
         "",
-        "| probe | micro-batch b | fits | seconds |",
-        "| --- | --- | --- | --- |",
-        *rows,
+        "| probe | " + " | ".join(str(i) for i in range(1, len(cells) + 1)) + " |",
+        "| --- |" + " --- |" * len(cells),
+        *("| " + name + " | " + " | ".join(c[j] for c in cells) + " |"
+          for j, name in enumerate(("micro-batch b", "fits", "seconds"))),
         "",
         f"Largest micro-batch that fits: **{p['max_micro_batch']}**, so K={p['accum_steps']} "
         f"micro-batches of {p['micro_batch_size']} (effective batch "
-        f"{p['effective_batch_size']}). The probes that ran out of memory took the longest: "
-        "TensorFlow's allocator retries before it raises.",
+        f"{p['effective_batch_size']}).",
     ]
 
 
