@@ -145,6 +145,9 @@ class ResumableLoop:
             raise TypeError(
                 f"`trainer` must be an accumcore.AccumTrainer, got {type(trainer).__name__}."
             )
+        #: What this loop drives, the :class:`~accumcore.AccumTrainer` given:
+        #: ``loop.trainer.model`` is the model it trains, ``loop.trainer.state`` its
+        #: accumulation state.
         self.trainer = trainer
         self.save_every = check_positive_int(save_every, "save_every")
         self.save_at_epoch_end = bool(save_at_epoch_end)

@@ -23,9 +23,13 @@ two together; :func:`gradient_step_probe` makes the training step of a built mod
     step_at = gradient_step_probe(keras.Model(inputs, outputs),
                                   "sparse_categorical_crossentropy", (28, 28, 1))
     plan = plan_accumulation(oom_probe(step_at), target_batch_size=4096)
-    model = AccumModel(inputs, outputs, accum_steps=plan.accum_steps)
+    model = AccumModel(inputs, outputs, micro_batch_size=plan.max_micro_batch)
     model.compile("adam", "sparse_categorical_crossentropy")
-    model.fit(x, y, batch_size=plan.micro_batch_size)  # x: (n, 28, 28, 1), y: (n,) ints
+    model.fit(x, y, batch_size=4096)  # x: (n, 28, 28, 1), y: (n,) ints; one update per 4096
+
+For data that already comes as micro-batches, the second form takes K and b from the plan:
+``AccumModel(inputs, outputs, accum_steps=plan.accum_steps)`` and
+``fit(x, y, batch_size=plan.micro_batch_size)``.
 """
 
 from __future__ import annotations
@@ -49,12 +53,10 @@ class MicroBatchPlan:
         accum_steps: K, the fewest micro-batches that reach B with micro-batches that fit: with
             ``exact=True`` (default) the smallest divisor of B that is >= B / max_micro_batch,
             else ceil(B / max_micro_batch).
-        micro_batch_size: b <= max_micro_batch, the micro-batch to train with: B / K when
-            exact, else ceil(B / K) (B spread evenly: B = 1000 with 300 fitting gives 4 x 250,
-            not 3 x 300 + 100).
-        effective_batch_size: K * b, samples per update: B when exact; otherwise at most K - 1
-            samples more than B (or use ``window_step`` on batches of exactly B, whose last
-            micro-batch is then smaller).
+        micro_batch_size: b <= max_micro_batch, the micro-batch for ``accum_steps=K``: B / K
+            when exact, else ceil(B / K).
+        effective_batch_size: K * b, samples per update with ``accum_steps=K`` and batches of
+            b: B when exact, else up to K - 1 more (:func:`accum_steps_for`).
         probes: every probe in the order it ran, as ``(micro_batch_size, fitted)``.
     """
 
@@ -74,10 +76,10 @@ def accum_steps_for(
     Args:
         target_batch_size: B, samples per optimizer update.
         max_micro_batch: the largest micro-batch that fits (samples).
-        exact: if True (default), K divides B and b = B / K, so every update sees exactly B
-            samples (K is the smallest divisor of B with B / K <= max_micro_batch); if False,
-            K = ceil(B / max_micro_batch) and b = ceil(B / K) (fewer micro-batches; K * b may
-            exceed B by up to K - 1 samples).
+        exact: if True (default), K divides B and b = B / K (K is the smallest divisor of B
+            with B / K <= max_micro_batch); if False, K = ceil(B / max_micro_batch) and
+            b = ceil(B / K), the fewest micro-batches. The book's Reference page "Choosing b
+            and K" says what an update then holds.
 
     Example:
         >>> accum_steps_for(4096, 320)
@@ -105,8 +107,7 @@ def plan_accumulation(
         target_batch_size: B, the samples per optimizer update you want.
         start: first micro-batch size probed (samples).
         multiple_of: probe only multiples of this (samples).
-        exact: make K divide B, so that each update sees exactly B samples (see
-            :func:`accum_steps_for`).
+        exact: make K divide B (see :func:`accum_steps_for`).
 
     Returns:
         A :class:`MicroBatchPlan`.

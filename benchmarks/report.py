@@ -590,15 +590,22 @@ def _probe_section(results: dict[str, Any]) -> list[str]:
     where = (f"the CPU allocator limited to {p['cpu_limit_mb']} MiB "
              "(`TF_CPU_BFC_MEM_LIMIT_IN_MB`) plays the device memory" if p.get("cpu_limit_mb")
              else f"the whole memory of `{p['device']}`")
-    probes = ", ".join(f"{b}{'' if ok else ' ✗'}" for b, ok in p["probes"])
+    seconds = p.get("probe_seconds") or [None] * len(p["probes"])
+    cells = [(str(b), "yes" if ok else "no", "" if t is None else f"{t:.1f}")
+             for (b, ok), t in zip(p["probes"], seconds, strict=True)]
     return [
         f"`accumcore.memory.plan_accumulation` on the conv net (filters {p['filters']}), "
-        f"{where}: target B={p['target_batch_size']}. Probes in order (✗ = "
-        f"ResourceExhaustedError): {probes}. Largest micro-batch that fits: "
-        f"**{p['max_micro_batch']}**, so K={p['accum_steps']} micro-batches of "
-        f"{p['micro_batch_size']} (effective batch {p['effective_batch_size']}). "
-        f"{len(p['probes'])} probes took {p['wall_seconds']:.0f} s in all (each out-of-memory "
-        "probe waits for TensorFlow's allocator to retry).",
+        f"{where}: target B={p['target_batch_size']}. The probes, in the order they ran "
+        "(no: ResourceExhaustedError):",
+        "",
+        "| probe | " + " | ".join(str(i) for i in range(1, len(cells) + 1)) + " |",
+        "| --- |" + " --- |" * len(cells),
+        *("| " + name + " | " + " | ".join(c[j] for c in cells) + " |"
+          for j, name in enumerate(("micro-batch b", "fits", "seconds"))),
+        "",
+        f"Largest micro-batch that fits: **{p['max_micro_batch']}**, so K={p['accum_steps']} "
+        f"micro-batches of {p['micro_batch_size']} (effective batch "
+        f"{p['effective_batch_size']}).",
     ]
 
 

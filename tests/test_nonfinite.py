@@ -131,8 +131,9 @@ def test_skip_window_discards_exactly_the_poisoned_window(entry, kind, clean):
 @pytest.mark.parametrize("entry", ["eager", "function", "graph", *FITS])
 def test_raise_is_the_default_discards_the_bad_window_and_names_it(entry, clean):
     """One clean epoch (windows 0 and 1), then an epoch whose micro-batch 1 is poisoned: window
-    2 of the run (its micro-batches 6 to 8) is discarded whole and named, with epoch 1 and the
-    first non-finite variable; window 3, seen while stopped, is discarded too.
+    2 of the run (its micro-batches 6 to 8; the message counts from 1: window 3, micro-batches
+    7 to 9, epoch 2) is discarded whole and named, with the first non-finite variable; window 3,
+    seen while stopped, is discarded too.
 
     Catches: NaNs silently applied by default, an error without the epoch / window /
     variable, the bad window partly applied (the weights must be exactly those after the
@@ -163,8 +164,9 @@ def test_raise_is_the_default_discards_the_bad_window_and_names_it(entry, clean)
     first_variable = model.trainable_variables[0].path
     message = str(err)
     # err.epoch is 1 (counted from 0, as Keras does); the message counts from 1
-    assert "epoch 2," in message and "window 2" in message and first_variable in message
-    assert "micro-batches 6 to 8" in message and "discarded whole" in message
+    assert ("in epoch 2, window 3 of the run (its micro-batches 7 to 9 of the run; all counted "
+            "from 1)") in message
+    assert first_variable in message and "discarded whole" in message
     assert (err.epoch, err.window, err.first_micro_step, err.micro_batches, err.variable) == (
         1, 2, 2 * K, K, first_variable)
     assert err.unused_micro_batches == K
@@ -192,6 +194,33 @@ def test_raise_applies_nothing_of_a_bad_first_epoch(clean):
     assert all(not np.any(a.numpy()) for a in trainer.state.accumulators)
     c = trainer.state.counters()
     assert (c["windows_applied"], c["windows_skipped"], c["samples_dropped"]) == (0, 2, N)
+
+
+@pytest.mark.parametrize("entry", ["eager", *FITS])
+def test_the_message_counts_epoch_window_and_micro_batches_from_1(entry):
+    """Windows of two micro-batches of 4, two windows per epoch; epoch 1 is clean and the NaN
+    sits in epoch 2's last micro-batch: the 4th window of the run, its 7th and 8th
+    micro-batches. Catches: windows or micro-batches numbered from 0 next to epochs from 1."""
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(16, 8)).astype("float32"), rng.integers(0, 3, 16).astype("int32")
+    bad = x.copy()
+    bad[13, 0] = np.nan  # micro-batch 3 of the epoch (samples 12..15), counted from 0
+    with pytest.raises(ac.NonFiniteGradientError) as info:
+        if entry in FITS:
+            how = dict(micro_batch_size=4) if entry == "fit_split" else dict(accum_steps=2)
+            model = small_mlp(model_cls=ac.AccumModel, **how)
+            model.compile(make_opt(), LOSS)
+            batch_size = 8 if entry == "fit_split" else 4
+            model.fit(x, y, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+            model.fit(bad, y, batch_size=batch_size, initial_epoch=1, epochs=2, shuffle=False,
+                      verbose=0)
+        else:
+            trainer = ac.AccumTrainer(small_mlp(), make_opt(), LOSS, accum_steps=2)
+            trainer.fit(x, y, batch_size=4, epochs=1, shuffle=False, mode=entry, verbose=0)
+            trainer.fit(bad, y, batch_size=4, epochs=1, shuffle=False, mode=entry, verbose=0)
+    assert ("in epoch 2, window 4 of the run (its micro-batches 7 to 8 of the run; all counted "
+            "from 1)") in str(info.value)
+    assert (info.value.epoch, info.value.window, info.value.first_micro_step) == (1, 3, 6)
 
 
 def _close_one_window(state, opt, variables, grads, weight=4.0) -> None:

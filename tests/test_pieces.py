@@ -122,7 +122,7 @@ def test_stop_records_the_first_bad_window_only_and_clears():
     error = stop.error(["a", "b", "c"], 9, epoch=3)
     assert (error.window, error.first_micro_step, error.micro_batches) == (2, 4, 2)
     assert error.variable == "c" and error.unused_micro_batches == 3
-    assert "epoch 4," in str(error) and "micro-batches 4 to 5" in str(error)
+    assert "epoch 4, window 3 of the run (its micro-batches 5 to 6 of the run" in str(error)
     assert stop.clear()
     assert not bool(stop.stopped) and stop.error(["a", "b", "c"], 9) is None
     assert not stop.clear()

@@ -151,11 +151,15 @@ def compile_from_config(model, config: dict) -> None:
 
 @keras.saving.register_keras_serializable(package="accumcore")
 class AccumModel(keras.Model):
-    """A ``keras.Model`` whose ``fit`` accumulates ``accum_steps`` micro-batches per update.
+    """A ``keras.Model`` whose ``fit`` accumulates gradients: each batch of B split into
+    micro-batches of ``micro_batch_size``, or ``accum_steps`` batches per update.
 
     Args:
         *args: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
-        **kwargs: as for ``keras.Model`` (e.g. ``name``).
+        micro_batch_size: b: ``fit(batch_size=B)`` then makes one update per batch of B,
+            split into micro-batches of at most b samples inside the train step; ``"auto"``:
+            the largest b that fits (see :func:`~accumcore.accumulate`). Not with
+            ``accum_steps``.
         accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
             is the micro-batch size b; the effective batch is K * b). This or
             ``micro_batch_size`` is required: without either, ``fit`` / ``train_on_batch``
@@ -170,22 +174,13 @@ class AccumModel(keras.Model):
             Keras mask or ``ignore_class``), ``"samples"`` / ``"sample_weight"`` (checked
             against that denominator), or a callable ``(x, y, sample_weight) -> item count``,
             used as given.
-        micro_batch_size: b: ``fit(batch_size=B)`` then makes one update per batch of B,
-            split into micro-batches of at most b samples inside the train step; ``"auto"``:
-            the largest b that fits (see :func:`~accumcore.accumulate`). Not with
-            ``accum_steps``.
+        **kwargs: ``keras.Model``'s own keywords (e.g. ``name``); any other raises
+            ``TypeError`` naming it and the valid ones.
 
-    Any other keyword raises ``TypeError`` naming it and the valid ones (a functional
-    ``keras.Model`` silently ignores unknown keywords, so ``accumulation_steps=4`` would train
-    with K = 1 unnoticed).
-
-    ``compile`` wraps each loss in a ``CountedLoss`` (same value;
-    it reports what the loss divided by); ``model.loss`` stays the loss given to ``compile``.
-    The loss logged by ``fit`` is the true mean over the epoch's samples (or tokens: the
-    loss's own denominator). The accumulation
-    state (a half-full window included) is saved with ``model.save`` / ``save_weights`` and
-    tracked by ``tf.train.Checkpoint(model=model)``; in a weights file it sits under its own
-    path, so ``load_weights`` into a plain ``keras.Model`` of the same layers works (serving).
+    The loss logged by ``fit`` is the true mean over the epoch's samples (or tokens). The
+    accumulation state (a half-full window included) is saved with ``model.save`` /
+    ``save_weights`` and tracked by ``tf.train.Checkpoint(model=model)``; ``load_weights``
+    into a plain ``keras.Model`` of the same layers works (serving).
 
     Unbuilt subclasses, frozen models, ``clone_model``, stock ``BatchNormalization`` and
     ``train_on_batch`` (one micro-batch per call) behave as the book's Reference page "Keras

@@ -30,6 +30,9 @@ class NonFiniteGradientError(FloatingPointError):
     are discarded) until the stop is cleared: the next ``fit`` clears it (logged); in a custom
     loop call ``state.clear_nonfinite()``.
 
+    The message counts epochs, windows and micro-batches from 1 (epoch 2, window 3 of the
+    run, its micro-batches 7 to 9); the attributes count from 0, as Keras counts epochs.
+
     Attributes:
         window: 0-based index of the bad window since training started.
         first_micro_step: 0-based index (over the run) of its first micro-batch.
@@ -224,10 +227,12 @@ class Stop:
             return None
         unused = micro_batches_seen - first - count
         variable = names[index] if 0 <= index < len(names) else "<window weight or flagged>"
+        # The message counts from 1 (the error's attributes from 0, as Keras counts epochs).
         where = f"epoch {epoch + 1}, " if epoch is not None else ""
         return NonFiniteGradientError(
             f"Non-finite gradient (NaN or Inf, or elements summing beyond the float range) in "
-            f"{where}window {window} (micro-batches {first} to {first + count - 1} of the run); "
+            f"{where}window {window + 1} of the run (its micro-batches {first + 1} to "
+            f"{first + count} of the run; all counted from 1); "
             f"first non-finite variable: {variable}. That window was discarded whole, "
             "unapplied; the windows before it are applied and untouched. "
             f"{unused} later micro-batch(es) were seen while training was stopped and not "

@@ -79,7 +79,8 @@ def resolve_accum_steps(
         accum_steps: K directly. Mutually exclusive with ``effective_batch_size``.
         effective_batch_size: the target batch B (samples per optimizer update).
         micro_batch_size: the micro-batch b that fits on the device (samples).
-        exact: if True (default), B must be a multiple of b; if False, K = ceil(B / b).
+        exact: if True (default), B must be a multiple of b; if False, K = ceil(B / b)
+            (the book's Reference page "Choosing b and K" says what an update then holds).
 
     Example:
         >>> resolve_accum_steps(effective_batch_size=64, micro_batch_size=16)

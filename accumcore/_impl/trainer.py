@@ -68,37 +68,31 @@ class AccumTrainer:
             ``LossScaleOptimizer`` included), without ``gradient_accumulation_steps``; or a
             name such as ``"adam"`` (``keras.optimizers.get``, as ``model.compile``). Replace
             it between ``fit`` calls by assigning ``trainer.optimizer`` (fine-tuning).
-        loss: a ``keras.losses.Loss``, a loss name, or ``callable(y_true, y_pred)`` (wrapped
-            as ``model.compile`` wraps it). Every micro-batch is weighted by what the loss
-            divided it by: its samples, its sample-weight sum, or its valid elements under a
-            Keras mask of the model's output or ``ignore_class``; a loss with
-            ``reduction="sum"`` is accumulated without division. ``None``: the model's own
-            losses are the loss, as after ``model.compile(loss=None)``. The model's losses
-            (``model.losses``: ``add_loss`` terms, regularisers) are added, as in
-            ``model.fit``, each weighed by its form (a sum over samples, a mean, or a weight
-            regulariser counted once per update; Keras workflows page).
+        loss: a ``keras.losses.Loss``, a loss name, or ``callable(y_true, y_pred)``, as for
+            ``model.compile``; ``None``: the model's own losses are the loss. ``model.losses``
+            (``add_loss`` terms, regularisers) are added as in ``model.fit``, each weighed by
+            its form (the Keras workflows page).
         accum_steps: K: each batch given is a micro-batch, K of them per update.
         micro_batch_size: b: each batch given is the recipe's batch B, split inside the step
             into micro-batches of at most b samples, one update per batch (not with
-            ``accum_steps``). ``"auto"``: b is the largest that fits one micro-batch's forward
-            and backward pass on the device, searched at the first batch (from that batch's
-            size, halved while it runs out of memory, then bisected) and kept; under a
-            strategy the smallest over every replica and worker. A later step that runs out
-            of memory raises (``fit`` through ``accumulate`` reruns it instead). The old
-            form ``effective_batch_size=B, micro_batch_size=b`` (K = B / b, batches of b)
-            still works and warns, naming the new call.
+            ``accum_steps``). ``"auto"``: the largest b that fits, searched at the first batch
+            (see :func:`~accumcore.accumulate`); here a later step that runs out of memory
+            raises. The old form ``effective_batch_size=B, micro_batch_size=b`` warns.
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default; a window with a NaN or Inf is discarded whole and
             raises), ``"skip_window"`` (discarded, training goes on), ``"skip_micro_batch"``
             (only the bad micro-batches left out) or a :class:`~accumcore.NonFinitePolicy`.
-        normalizer: ``"auto"`` (default: the loss's own denominator, read as it runs:
-            samples, sample-weight sum or valid elements; no division for ``"sum"``),
-            ``"samples"`` or ``"sample_weight"`` (checked against that denominator: a masked
-            loss refuses ``"samples"``), or a callable ``(x, y, sample_weight) -> item count``,
-            used as given; see ``accumcore._impl.denominators.resolve_normalizer`` and
-            ``accumcore._impl.denominators.micro_batch_weight``.
+        normalizer: ``"auto"`` (default: what the loss divided each micro-batch by, read as
+            it runs: samples, sample-weight sum or valid elements under a mask or
+            ``ignore_class``; no division for ``"sum"``), ``"samples"`` or ``"sample_weight"``
+            (checked against that), or a callable ``(x, y, sample_weight) -> item count``.
         jit_compile: compile the ``tf.function`` steps with XLA.
+
+    Attributes:
+        model: the model given.
+        state: its :class:`~accumcore.AccumulationState` (pending window, counters), to
+            checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., state=trainer.state)``.
 
     The trainable set is followed: freeze or unfreeze layers between calls and the next
     micro-batch re-creates the accumulators (the window must be empty; ``flush()`` first)
@@ -516,15 +510,14 @@ class AccumTrainer:
                 sample_weight)``, or numpy arrays / tensors (a list or dict for several
                 inputs) with ``y`` and ``batch_size``.
             y, sample_weight: arrays, only with array ``x`` (``fit(dataset, 3)`` raises).
-            batch_size: samples per batch for arrays (default 32, as in Keras): with
-                ``micro_batch_size`` b the recipe's batch B, split into micro-batches of at
-                most b; with ``accum_steps`` the micro-batch (the old form
-                ``effective_batch_size=B, micro_batch_size=b``: b, its default). Not with a
-                dataset.
+            batch_size: samples per batch for arrays (default 32, as in Keras): B with
+                ``micro_batch_size``, the micro-batch with ``accum_steps``. Not with a dataset.
             epochs: number of epochs.
-            shuffle: arrays only (a dataset is used in its own order): ``True`` (default, as
-                ``model.fit``) draws a new order every epoch, from TensorFlow's global seed
-                (``keras.utils.set_random_seed``); ``False`` keeps the order.
+            shuffle: arrays only (a dataset is used in its own order): ``True`` (default)
+                draws a new order every epoch from TensorFlow's global seed, so after
+                ``keras.utils.set_random_seed`` every run draws the same sequence of orders
+                (Keras's ``model.fit`` after ``set_random_seed`` repeats one order in every
+                epoch, in Keras 3.15); ``False`` keeps the order.
             steps_per_epoch: batches per epoch, as in ``model.fit`` (required for an infinite
                 dataset): one iterator runs across the epochs; if the data runs out, a warning
                 says so and the next epoch starts a new pass.
