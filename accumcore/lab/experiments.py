@@ -1051,27 +1051,27 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     if worst > 100 * tie:
         return "normalisation", (
             f"window-level BN, whose moving statistics are the large batch's, was up to "
-            f"{worst:.2f} points from the target on a seed, more than the tie of "
+            f"{worst:.2f} points from the target on a seed, more than the tie threshold of "
             f"{100 * tie:.2f}: the normalisation gap (each micro-batch normalised with its "
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
             "normalisation (GroupNormalization, LayerNormalization)")
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
-                  f"it on every seed, a tie being {100 * tie:.2f})")
+                  f"it on every seed, under the tie threshold of {100 * tie:.2f})")
     if np.all(window < stock):
         return "stock higher", (
             f"{reproduced}, and stock BN scored higher on all {seeds} seeds, by {-cost:.2f} "
             "points on average: here reproducing the large batch cost accuracy. Use "
             "WindowBatchNormalization to reproduce or compare with a large-batch recipe; "
-            "where only accuracy counts, measure stock BN against it on your own "
-            "validation data, as here")
+            "where only accuracy counts, measure stock BN against it on held-out "
+            "data, as this page did")
     if np.all(window > stock):
         return "window higher", (
             f"{reproduced}, and stock BN scored lower on all {seeds} seeds, by {cost:.2f} "
             "points on average: use WindowBatchNormalization (convert_batchnorm on an "
             "existing model)")
     return "mixed", (
-        f"{reproduced}; stock BN was not on one side of it on every seed ({-cost:+.2f} points "
-        "on average): the statistics gap showed no consistent cost, so either layer does, "
+        f"{reproduced}; window-level minus stock BN changed sign across the seeds ({cost:+.2f} "
+        "points on average): the statistics gap showed no consistent cost, so either layer does, "
         "and WindowBatchNormalization is the one that reproduces a large-batch recipe")
 
 
