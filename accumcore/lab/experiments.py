@@ -1022,6 +1022,59 @@ def compare_over_seeds(accuracies: Sequence[float], target: Sequence[float], n: 
                           compare(mean, target_mean, noise), paired)
 
 
+#: The cases of :func:`batchnorm_advice`.
+BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "mixed", "normalisation")
+
+
+def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
+                     target: Sequence[float], tie: float) -> tuple[str, str]:
+    """Which BatchNorm layer to use under accumulation, from per-seed test accuracies.
+
+    ``window`` (:class:`accumcore.WindowBatchNormalization`) and ``stock``
+    (``keras.layers.BatchNormalization``), both trained with accumulation, and ``target``
+    (stock BN, plain batches of B): accuracies as fractions, the i-th of each from seed i (the
+    same initial weights and data order). Window-level BN *reproduces* the target when on
+    every seed ``|window - target| <= tie`` (e.g. :func:`tie_threshold` on the test set). The
+    statistics gap's cost is ``window - stock`` per seed, with the sign it has on every seed
+    or not (an equal pair counts as neither sign). Returns ``(case, advice)``, ``case`` one of
+    ``BATCHNORM_ADVICE_CASES`` and ``advice`` a sentence in percentage points.
+
+    Raises:
+        ValueError: if the three sequences are empty or differ in length.
+    """
+    window, stock, target = (np.asarray(v, np.float64) for v in (window, stock, target))
+    if not window.size or not window.shape == stock.shape == target.shape:
+        raise ValueError("Need one accuracy per seed for window-level BN, stock BN and the "
+                         f"target; got {window.size}, {stock.size} and {target.size}.")
+    seeds, worst = window.size, 100 * float(np.max(np.abs(window - target)))
+    cost = 100 * float(np.mean(window - stock))
+    if worst > 100 * tie:
+        return "normalisation", (
+            f"window-level BN, whose moving statistics are the large batch's, was up to "
+            f"{worst:.2f} points from the target on a seed, more than the tie threshold of "
+            f"{100 * tie:.2f}: the normalisation gap (each micro-batch normalised with its "
+            "own moments) shows; to reproduce large-batch training, use a batch-independent "
+            "normalisation (GroupNormalization, LayerNormalization)")
+    reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
+                  f"it on every seed, under the tie threshold of {100 * tie:.2f})")
+    if np.all(window < stock):
+        return "stock higher", (
+            f"{reproduced}, and stock BN scored higher on all {seeds} seeds, by {-cost:.2f} "
+            "points on average: here reproducing the large batch cost accuracy. Use "
+            "WindowBatchNormalization to reproduce or compare with a large-batch recipe; "
+            "where only accuracy counts, measure stock BN against it on held-out "
+            "data, as this page did")
+    if np.all(window > stock):
+        return "window higher", (
+            f"{reproduced}, and stock BN scored lower on all {seeds} seeds, by {cost:.2f} "
+            "points on average: use WindowBatchNormalization (convert_batchnorm on an "
+            "existing model)")
+    return "mixed", (
+        f"{reproduced}; window-level minus stock BN changed sign across the seeds ({cost:+.2f} "
+        "points on average): the statistics gap showed no consistent cost, so either layer does, "
+        "and WindowBatchNormalization is the one that reproduces a large-batch recipe")
+
+
 #: The cases of :func:`batchnorm_rule`.
 BATCHNORM_CASES = ("window", "either", "normalisation")
 
