@@ -12,7 +12,6 @@ its counterpart for BatchNormalization moving statistics (:func:`statistics_gap`
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import math
@@ -943,85 +942,6 @@ def seed_spread(values: Sequence[float]) -> float:
     return float(values.max() - values.min())
 
 
-@dataclasses.dataclass(frozen=True)
-class SeedComparison:
-    """One configuration's accuracies over seeds against a target configuration's.
-
-    Made by :func:`compare_over_seeds`. Accuracies are fractions; :meth:`describe` writes
-    percentage points.
-
-    Attributes:
-        mean: the configuration's mean accuracy over its seeds.
-        target_mean: the target's mean accuracy over its seeds.
-        spread: paired, the seed-to-seed spread (``max - min``, :func:`seed_spread`) of the
-            per-seed differences; unpaired, the larger spread of the two configurations.
-        tie: :func:`tie_threshold` of ``target_mean`` on the evaluation set: what the finite
-            evaluation set alone makes uncertain.
-        noise: ``max(spread, tie)``: the difference of the means below which the two are not
-            told apart.
-        verdict: ``1`` if ``mean`` is above ``target_mean`` by more than ``noise``, ``-1`` if
-            below by more, ``0`` if within the noise (:func:`compare`).
-    """
-
-    mean: float
-    target_mean: float
-    spread: float
-    tie: float
-    noise: float
-    verdict: int
-    paired: bool = False
-
-    @property
-    def delta(self) -> float:
-        """``mean - target_mean`` (a fraction)."""
-        return self.mean - self.target_mean
-
-    @property
-    def within_noise(self) -> bool:
-        """Whether the two means differ by no more than ``noise``."""
-        return self.verdict == 0
-
-    def describe(self, target: str = "the target") -> str:
-        """The verdict in words, with the difference and the noise in percentage points."""
-        points, noise = 100 * self.delta, 100 * self.noise
-        if self.verdict == 0:
-            return (f"is within the noise of {target} ({points:+.2f} points; "
-                    f"noise {noise:.2f} points)")
-        side = "above" if self.verdict > 0 else "below"
-        return (f"is {side} {target} by {abs(points):.2f} points, more than the noise "
-                f"({noise:.2f} points)")
-
-
-def compare_over_seeds(accuracies: Sequence[float], target: Sequence[float], n: int, *,
-                       paired: bool = False) -> SeedComparison:
-    """Compare the mean of ``accuracies`` (one per seed) with the mean of ``target``'s.
-
-    The noise is the larger of a seed-to-seed spread (:func:`seed_spread`) and the tie
-    threshold of one accuracy measured on the same ``n`` evaluation samples
-    (:func:`tie_threshold`): with a handful of seeds the spread is a rough but honest
-    yardstick, and the evaluation set's own error is a floor under it. With ``paired=True``
-    the i-th run of both started from the same seed (same initial weights, same data order),
-    so what a seed does to both cancels in their difference: the spread is that of the
-    per-seed differences ``accuracies[i] - target[i]``. Unpaired, it is the larger of the
-    two configurations' own spreads.
-
-    Raises:
-        ValueError: if a sequence is empty, or if paired sequences differ in length.
-    """
-    if paired and len(accuracies) != len(target):
-        raise ValueError(f"Paired runs need one target per seed; got {len(accuracies)} "
-                         f"accuracies and {len(target)} targets.")
-    mean, target_mean = float(np.mean(accuracies)), float(np.mean(target))
-    if paired:
-        spread = seed_spread(np.subtract(accuracies, target))
-    else:
-        spread = max(seed_spread(accuracies), seed_spread(target))
-    tie = tie_threshold(target_mean, n)
-    noise = max(spread, tie)
-    return SeedComparison(mean, target_mean, spread, tie, noise,
-                          compare(mean, target_mean, noise), paired)
-
-
 #: The cases of :func:`batchnorm_advice`.
 BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "mixed", "normalisation")
 
@@ -1073,48 +993,3 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
         f"{reproduced}; window-level minus stock BN changed sign across the seeds ({cost:+.2f} "
         "points on average): the statistics gap showed no consistent cost, so either layer does, "
         "and WindowBatchNormalization is the one that reproduces a large-batch recipe")
-
-
-#: The cases of :func:`batchnorm_rule`.
-BATCHNORM_CASES = ("window", "either", "normalisation")
-
-
-def batchnorm_rule(stock: SeedComparison, window: SeedComparison) -> tuple[str, str]:
-    """Which normalisation to use under accumulation, decided from measured accuracies.
-
-    ``stock`` and ``window`` compare stock ``BatchNormalization`` and
-    :class:`accumcore.WindowBatchNormalization`, both trained with accumulation (K x b), with
-    the large-batch target (stock BN, plain batches of B), over seeds
-    (:func:`compare_over_seeds`). Both accumulated runs train the same weights; window-level BN
-    keeps the large batch's moving statistics, so window BN against the target measures the
-    *normalisation* gap (each micro-batch normalised with its own moments), and stock against
-    window BN the *statistics* gap. Returns ``(case, recommendation)``, ``case`` one of
-    ``BATCHNORM_CASES``:
-
-    * ``"window"``: window BN is within the noise of the target and stock BN is not: use
-      WindowBatchNormalization (``convert_batchnorm``);
-    * ``"either"``: both are within the noise: the statistics gap is below the noise;
-    * ``"normalisation"``: window BN is not within the noise: the normalisation gap
-      dominates; to reproduce the large batch, use a batch-independent normalisation.
-    """
-    if not window.within_noise:
-        side = "above" if window.verdict > 0 else "below"
-        text = (f"window-level BN, which keeps the large batch's moving statistics, lands "
-                f"{side} the target by more than the noise, so the normalisation gap (each "
-                "micro-batch normalised with its own moments) dominates: to reproduce "
-                "large-batch training, use a batch-independent normalisation "
-                "(GroupNormalization, LayerNormalization)")
-        if stock.within_noise:
-            text += ("; stock BN lands within the noise only because its statistics gap "
-                     "offsets that gap")
-        return "normalisation", text
-    if stock.within_noise:
-        return "either", ("both accumulated runs land within the noise of the target, so "
-                          "the statistics gap is below the noise here and either layer does; "
-                          "WindowBatchNormalization (or convert_batchnorm) is the one whose "
-                          "moving statistics advance once per window, as the large batch's do")
-    side = "above" if stock.verdict > 0 else "below"
-    return "window", ("window-level BN lands within the noise of the target and stock BN "
-                      f"lands {side} it by more than the noise, so the statistics gap matters "
-                      "and the normalisation gap does not: use WindowBatchNormalization (or "
-                      "convert_batchnorm on an existing model)")
