@@ -175,7 +175,7 @@ class _Runner:
                     self.unchanged = before.unchanged()
             finally:
                 before.restore()
-                _discard_window_moments(before.state)
+                before.state.discard_window_layers()
 
         try:
             return search_micro_batch(probe, samples, probes)
@@ -400,15 +400,7 @@ class _Kept:
                 f"cannot be rerun exactly: {err.message}")) from err
         for accumulator in (*state.accumulators, *state.undivided_accumulators):
             accumulator.assign(tf.zeros(accumulator.shape, accumulator.dtype))
-        _discard_window_moments(state)
-
-
-def _discard_window_moments(state: Any) -> None:
-    """Empty what window-level layers pooled in the aborted step (``WindowBatchNormalization``'s
-    window moments are variables of their own, outside the model's): its rerun pools them
-    again."""
-    for hook in state.window_hooks:
-        hook(False)
+        state.discard_window_layers()
 
 
 class _Snapshot:
@@ -436,7 +428,7 @@ class _Snapshot:
                 "The step ran out of memory after its optimizer update began, so it cannot "
                 f"be rerun exactly: {err.message}")) from err
         self.restore()
-        _discard_window_moments(self.state)
+        self.state.discard_window_layers()
 
     def unchanged(self) -> set[int]:
         """The ids of the model's non-trainable variables equal to their copy (one host read

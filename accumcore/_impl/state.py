@@ -445,6 +445,14 @@ class AccumulationState(tf.Module):
         window, counters, _ = self._pieces_checked()
         rule.end(window, counters, self.replicas, False, self.window_hooks, counted=False)
 
+    def discard_window_layers(self) -> None:
+        """Empty what window-level layers (``WindowBatchNormalization``'s window moments,
+        variables outside the model's) pooled in the open window; the accumulators and counts
+        stay. For a step that is run again (a probe of ``"auto"``, a step aborted by an
+        out-of-memory error): its rerun pools them again."""
+        for hook in self.window_hooks:
+            hook(False)
+
     def plan(self, optimizer) -> rule.Plan:
         """The rule's :class:`~accumcore._impl.rule.Plan` for ``optimizer``: made once per
         optimizer (and again after the settings, the weighting or the accumulators change)."""

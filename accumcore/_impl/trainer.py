@@ -373,8 +373,7 @@ class AccumTrainer:
             finally:  # the probe changes nothing
                 for variable, value in zip(restored, before, strict=True):
                     variable.assign(value)
-                for hook in self.state.window_hooks:  # window-level moments it pooled
-                    hook(False)
+                self.state.discard_window_layers()  # window-level moments it pooled
 
         probes: list[tuple[int, bool]] = []
         size = search_micro_batch(probe, samples, probes)
