@@ -62,7 +62,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
 
     Args:
         path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
-            the ``ACCUMCORE_MNIST_PATH`` environment variable (set it once for every page).
+            the ``ACCUMCORE_MNIST_PATH`` environment variable, if set (for a machine
+            without internet access).
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 

@@ -65,7 +65,8 @@ def relative_error(
     """``max|w - w_ref| / max|w_ref - w_init|`` over all tensors (dimensionless).
 
     0 means identical to the reference; 1 means an error as large as the whole reference
-    update. Float32 round-off for one exact accumulated update is about 1e-6..1e-5. The three
+    update. What float32 round-off alone gives is measured per page by reordering controls
+    (:func:`large_batch_reference` with ``reorder``), not assumed. The three
     lists must hold the same number of arrays (e.g. ``get_weights`` of one architecture).
     """
     return _relative_gap(weights, reference, initial, "weight",
@@ -285,7 +286,8 @@ def large_batch_reference(
     """Independent reference: plain ``train_on_batch`` on each large batch, in order.
 
     Args:
-        build_model: returns a fresh plain model (same seed as the model under test).
+        build_model: returns a fresh plain model with the same initial weights as the
+            accumulated model it is compared with.
         make_optimizer: returns a fresh optimizer (same settings).
         loss: the loss for ``compile``.
         batches: large batches ``(x, y)`` or ``(x, y, sample_weight)``; each is one update.
@@ -859,8 +861,9 @@ def lr_sweep(
 
     Every effective batch B is reached with micro-batches of b samples and ``K = B / b``
     accumulation steps (so memory use is that of batch b for every B); b is ``micro_batch``,
-    or ``micro_batch[j]`` for ``batch_sizes[j]`` when a sequence is given (accumulation is
-    exact, so b changes only the speed, not the result beyond float round-off).
+    or ``micro_batch[j]`` for ``batch_sizes[j]`` when a sequence is given (one window is the
+    large batch's update to float round-off, whatever b; over many updates that round-off can
+    grow, as appendix A measures).
     All runs start from the same weights and see the same micro-batches in the same order, for
     the same number of epochs (so a larger B makes fewer updates). One model and one traced
     epoch per batch size are reused across the learning rates.
