@@ -213,7 +213,8 @@ class ResumableLoop:
             dataset: a ``tf.data.Dataset`` of micro-batches (the same object for every epoch),
                 or a callable ``epoch -> dataset``; see the module doc about shuffling.
             epochs: total number of epochs of the run (not "more epochs").
-            mode: ``"eager"`` or ``"function"`` (see :meth:`~accumcore.AccumTrainer.fit`).
+            mode: ``"eager"`` (every op eager) or ``"function"`` (each micro-step a
+                ``tf.function``, traced once), as in :meth:`~accumcore.AccumTrainer.fit`.
             on_micro_batch_end: optional ``f(epoch, step)`` called after each micro-batch
                 (``step`` is its 0-based index in the epoch), after any checkpoint it caused.
 
@@ -528,6 +529,16 @@ def fit_resumable(
     Adds an :class:`ExactBackupAndRestore` (last in the callback list, so that it saves after
     ``AccumModel``'s end-of-epoch flush) and passes ``initial_epoch`` from the backup. Call it
     again with the same arguments after an interruption.
+
+    Args:
+        model: the model to train (an ``AccumModel`` or a model given ``accumulate``).
+        *args: ``model.fit``'s positional arguments (``x``, ``y``, ``batch_size``, ``epochs``,
+            ...), passed through unchanged.
+        backup_dir: a directory used only by the backup (:class:`ExactBackupAndRestore`).
+        save_freq: ``"epoch"`` or an int: save every ``save_freq`` batches.
+        callbacks: your callbacks; the backup callback is added after them.
+        **kwargs: ``model.fit``'s other keyword arguments, passed through unchanged (not
+            ``initial_epoch``, which comes from the backup: passing it raises ``ValueError``).
 
     Returns:
         The ``History`` of this call.

@@ -164,9 +164,13 @@ def gradient_step_probe(
     """``step_at(b)`` for :func:`oom_probe`: one forward + backward pass at micro-batch b.
 
     The step is what one accumcore micro-batch costs in memory: the activations of b samples and
-    one set of gradients (the accumulators and optimizer slots are allocated once, before; they
-    do not depend on b). Inputs are random, labels are integers in ``[0, classes)``; the step
-    is a ``tf.function`` (retraced per size, since every probe uses a new shape).
+    one set of gradients. It leaves out the accumulators and the optimizer's slots, which
+    training allocates once, before the first step, whatever b is: about 1 + (the optimizer's
+    slot copies, e.g. 2 for Adam) copies of the trainable weights. So the b it finds is the
+    largest whose activations fit on top of the memory those already hold: allocate them (or
+    leave room for them) before probing. Inputs are random, labels are integers in
+    ``[0, classes)``; the step is a ``tf.function`` (retraced per size, since every probe uses
+    a new shape).
 
     Args:
         model: a built Keras model.

@@ -11,8 +11,9 @@ applied every ``accum_steps`` micro-batches. Use it functionally or by subclassi
                   metrics=["accuracy"])
     model.fit(x_train, y_train, batch_size=16, epochs=3)   # updates of 64 samples
 
-``train_on_batch`` runs ONE micro-batch per call (one ``train_step``): the optimizer steps on
-every K-th call, with the mean gradient of the last K batches.
+``train_on_batch`` runs one ``train_step`` per call: with ``accum_steps`` one micro-batch (the
+optimizer steps on every K-th call, each micro-batch weighted by what Keras's loss divided it by,
+the window divided once by the sum); with ``micro_batch_size`` the whole batch, split, one update.
 """
 
 from __future__ import annotations
@@ -309,23 +310,56 @@ class AccumModel(keras.Model):
         return fitting.make_train_function(self, super().make_train_function, force)
 
     def fit(self, *args: Any, **kwargs: Any):
-        """``keras.Model.fit``, with :class:`WindowFlushCallback` added first."""
+        """``keras.Model.fit``, with :class:`WindowFlushCallback` added first.
+
+        Args:
+            *args: ``keras.Model.fit``'s positional arguments (``x``, ``y``, ``batch_size``,
+                ``epochs``, ...), passed through unchanged. ``batch_size`` is the recipe's B
+                with ``micro_batch_size`` (split inside each step), the micro-batch b with
+                ``accum_steps``.
+            **kwargs: ``keras.Model.fit``'s keyword arguments (``validation_data``,
+                ``callbacks``, ``sample_weight``, ``class_weight``, ...), passed through
+                unchanged; :class:`WindowFlushCallback` is put first in ``callbacks`` unless
+                one is there.
+
+        Returns:
+            Keras's ``History``.
+        """
         return fitting.fit(self, super().fit, *args, **kwargs)
 
     def train_step(self, data):
-        """One micro-batch (``accumcore._impl.fitting.train_step``)."""
+        """One step of ``fit``: with ``micro_batch_size`` the batch given is the recipe's B,
+        split inside into micro-batches of at most b samples and applied as one update; with
+        ``accum_steps`` the batch given is one micro-batch, added to the window, which is
+        applied on every K-th step."""
         return fitting.train_step(self, super().train_step, data)
 
     def train_on_batch(self, *args: Any, **kwargs: Any):
-        """``keras.Model.train_on_batch``: one ``train_step``. With ``micro_batch_size`` the
-        batch is split inside it and one update is made, as a plain model's would be.
+        """``keras.Model.train_on_batch``: one ``train_step``.
 
-        With ``accum_steps`` it runs ONE micro-batch: the optimizer steps on every
-        ``accum_steps``-th call, with the mean gradient of the last K batches: K calls with b
-        samples each equal one ``train_on_batch`` of the K * b samples on a plain model. The
-        calls in between only accumulate; the returned loss is this micro-batch's. A partial
-        window is applied by ``model.flush()``. A non-finite gradient raises
-        ``NonFiniteGradientError`` here, as in ``fit``.
+        With ``micro_batch_size`` the batch given is the recipe's B: it is split inside the
+        call into micro-batches of at most b samples and one update is made, as a plain
+        model's ``train_on_batch`` of the whole batch would make.
+
+        With ``accum_steps`` each call runs ONE micro-batch and the optimizer steps on every
+        ``accum_steps``-th call. Each micro-batch's gradient is weighted by what Keras's loss
+        divided it by (its samples, its sample-weight sum, or its valid elements under a
+        mask), and the window is divided once by the sum of those weights, so K calls equal
+        one ``train_on_batch`` of their samples together on a plain model. The calls in
+        between only accumulate; the returned loss is this micro-batch's. A partial window is
+        applied by ``model.flush()``.
+
+        A non-finite gradient raises ``NonFiniteGradientError`` here, as in ``fit``.
+
+        Args:
+            *args: ``keras.Model.train_on_batch``'s positional arguments (``x``, ``y``,
+                ``sample_weight``, ``class_weight``), passed through unchanged.
+            **kwargs: its keyword arguments (the same names, and ``return_dict``), passed
+                through unchanged.
+
+        Returns:
+            What ``keras.Model.train_on_batch`` returns: the loss and metric values (a dict
+            with ``return_dict=True``).
         """
         return fitting.train_on_batch(self, super().train_on_batch, *args, **kwargs)
 

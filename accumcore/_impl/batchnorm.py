@@ -95,11 +95,18 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
     Behaviour:
         * not attached, or ``training`` falsy, or ``trainable=False``: stock BatchNormalization;
         * attached and training: normalises with the micro-batch moments (as stock BN does),
-          pools them into the window state and leaves the moving statistics alone until
-          ``close_window`` runs (registered in the state's ``window_hooks``).
+          pools them into the window state and leaves the moving statistics alone until the
+          window closes: the layer's window hook, registered in the state's ``window_hooks``
+          by :meth:`attach`, then folds the pooled moments into them once.
 
     A micro-batch whose moments are not finite (NaN/Inf activations) is left out of the window
     moments, so one bad micro-batch cannot poison the moving statistics.
+
+    Args:
+        *args: ``keras.layers.BatchNormalization``'s positional arguments (``axis``,
+            ``momentum``, ``epsilon``, ...), passed through unchanged.
+        **kwargs: its keyword arguments (``center``, ``scale``, the initializers, ``name``,
+            ...), passed through unchanged; ``renorm=True`` raises ``ValueError``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -152,7 +159,8 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         return self._attached_states > 0
 
     def attach(self, state) -> None:
-        """Register ``close_window`` in ``state.window_hooks`` (idempotent).
+        """Register this layer's window hook (the method that folds the window's pooled moments
+        into the moving statistics once per window) in ``state.window_hooks`` (idempotent).
 
         Args:
             state: an :class:`~accumcore.AccumulationState` (anything with a ``window_hooks``

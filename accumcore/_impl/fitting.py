@@ -43,7 +43,7 @@ from accumcore._impl.settings import AUTO, check_optimizer, warn_if_float16_with
 from accumcore._impl.state import AccumulationState, saved_micro_step, take
 
 #: The call that applies a pending window of a model trained by ``fit`` (an ``AccumModel`` or
-#: an ``accumulate`` d model): the one every message of the fit side names.
+#: a model given ``accumulate``): the one every message of the fit side names.
 FLUSH_CALL = "`accumcore.flush(model)`"
 
 #: The methods :func:`~accumcore.accumulate` gives a model (each wraps the class's own).
@@ -64,7 +64,7 @@ class WindowFlushCallback(keras.callbacks.Callback):
     state discards every later window, and the error says how many micro-batches it left
     unused. A previous run's stop is cleared when training begins (logged), as ``fit`` does.
 
-    ``fit`` (of an ``AccumModel`` or an ``accumulate`` d model) adds it first in the list,
+    ``fit`` (of an ``AccumModel`` or a model given ``accumulate``) adds it first in the list,
     so that a partial window is flushed *before* validation and before other callbacks
     (checkpoints) see the epoch's end. A ``train_step`` of your own that calls
     ``state.step`` passes it first in ``callbacks`` itself:

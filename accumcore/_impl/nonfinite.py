@@ -77,9 +77,15 @@ class NonFinitePolicy:
     """What a non-finite gradient does: one object with the whole behaviour, which the window
     rule asks (``accumcore._impl.rule.plan``) and nothing else branches on.
 
-    The three built-in policies are instances of this class (``POLICIES``, by name); a
-    policy of your own is one instance (``NonFinitePolicy("mine", should_skip=f)``) or one
-    subclass overriding the methods below.
+    The three built-in policies, ``nonfinite="raise"``, ``"skip_micro_batch"`` and
+    ``"skip_window"``, are instances of this class, looked up by name. A policy of your own is
+    one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
+    of the methods the window rule calls: ``admit(grads, weight, accept, flag)`` (add each
+    micro-batch, or flag it when ``should_skip`` says so), ``judge_window(sums)`` (float32
+    scalar at the window's close, 1 if its gradient sums are not finite), ``stopped(stop)``
+    (whether training is stopped), ``on_skip(stop, bad, window, counters, present)`` (run when a
+    window is skipped) and ``fit_logs(state)`` (what ``fit`` logs of the skips); and the
+    property ``condemns_window`` (whether a flagged micro-batch discards its whole window).
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
@@ -163,7 +169,8 @@ POLICIES = {
 
 
 def nonfinite_policy(nonfinite: str | NonFinitePolicy) -> NonFinitePolicy:
-    """The policy for a ``nonfinite=`` argument: one of :data:`POLICIES`' names or a policy.
+    """The policy for a ``nonfinite=`` argument: a built-in policy's name (``"raise"``,
+    ``"skip_micro_batch"``, ``"skip_window"``) or a policy.
 
     Raises:
         ValueError: for an unknown name, naming the accepted ones.
@@ -189,7 +196,7 @@ class Stop:
             trainable variable (-1: its weight, or a micro-batch flagged by a ``should_skip``);
             -1 each while training is not stopped.
         parts: ``variable -> tuple`` of the copies a write must reach (every local replica's
-            in cross-replica context: ``accumcore._impl.distribute.Replicas.parts``).
+            in cross-replica context).
     """
 
     def __init__(self, record: tf.Variable, parts: Callable[[tf.Variable], tuple]) -> None:

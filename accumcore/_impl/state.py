@@ -66,9 +66,11 @@ class AccumulationState(tf.Module):
 
     Variables, created by :meth:`build` for the model's trainable variables (attributes of
     the state, under these names in checkpoints): ``accumulators`` (one per trainable
-    variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and the scalars of
-    ``accumcore._impl.state.SCALARS``: the window's and the run's counters (the ``"raise"``
-    policy's stop is in no checkpoint). ``undivided_accumulators`` (the same shapes) exist
+    variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and scalar
+    variables: the pending window's counters (``window_weight``, ``micro_step``,
+    ``window_samples``), the run's counters (those :meth:`counters` reports) and a flag set
+    when a flagged micro-batch condemned the pending window (the ``"raise"`` policy's stop is
+    in no checkpoint). ``undivided_accumulators`` (the same shapes) exist
     only once a micro-batch brought ``undivided`` gradients (a sum over samples beside a
     mean loss: :meth:`accumulate`). :meth:`variables_for_saving` lists them.
 
@@ -97,7 +99,8 @@ class AccumulationState(tf.Module):
         #: The call that applies a pending window, for the object the user holds (messages
         #: name it): ``accumcore.flush(model)`` for ``fit``, ``trainer.flush()`` for loops.
         self.flush_call = "`state.flush(optimizer)`"
-        #: Where the rule's steps run (``Replicas``; see build).
+        #: Where the rule's steps run (one device, or the replicas of the ``tf.distribute``
+        #: strategy the state was built under, see :meth:`build`).
         self.replicas = distribute.replicas(None)
         #: Callables ``hook(applied: bool)`` run (in graph, where the update runs) whenever a
         #: window closes: ``True`` after an optimizer update, ``False`` when the window is
@@ -271,7 +274,8 @@ class AccumulationState(tf.Module):
     def variables_for_saving(self) -> list[tf.Variable]:
         """What a saved model holds to resume mid-window, in a fixed order: the accumulators,
         then ``window_weight``, ``micro_step``, ``window_samples``, the six run counters and
-        ``window_poisoned`` (the order of the entries of ``.keras`` files), then the undivided
+        the flag of a window condemned by a flagged micro-batch (the order of the entries of
+        ``.keras`` files), then the undivided
         accumulators where they exist. The ``"raise"`` policy's stop is not saved: a stopped
         state is not saved stopped."""
         self._check_built()

@@ -520,7 +520,11 @@ class AccumTrainer:
             steps_per_epoch: batches per epoch, as in ``model.fit`` (required for an infinite
                 dataset): one iterator runs across the epochs; if the data runs out, a warning
                 says so and the next epoch starts a new pass.
-            mode: ``"eager"``, ``"function"`` (default) or ``"graph"``; see the module doc.
+            mode: how each epoch runs, the same update rule in all three: ``"eager"``, a
+                plain Python loop with every op eager (the readable reference, slowest);
+                ``"function"`` (default), the same Python loop calling a ``tf.function``
+                micro-step traced once; ``"graph"``, the whole epoch inside one
+                ``tf.function`` (fastest).
             verbose: 1: a ``keras.utils.Progbar`` per epoch, 2: a line per epoch, 0: silent.
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
