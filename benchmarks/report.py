@@ -84,8 +84,8 @@ def _machine_section(results: dict[str, Any]) -> list[str]:
         f"| platform | {m['platform']} |",
         f"| load average (1, 5, 15 min) at start / end | "
         f"{', '.join(f'{v:.1f}' for v in load)} / {', '.join(f'{v:.1f}' for v in load_end)} |",
-        f"| run | {results['created']}, {results.get('duration_s', 0) / 60:.1f} min, "
-        f"{'quick (smoke test)' if s['quick'] else 'full'} mode, data: {s['data']} |",
+        f"| run | {results['created']}{' (a quick smoke test)' if s['quick'] else ''}, "
+        f"data: {'MNIST' if s['data'] == 'mnist' else s['data']} |",
         f"| throughput settings | models {', '.join(s['models'])}; b ∈ {s['micro_batches']}; "
         f"K ∈ {s['accum_steps']}; median of {s['repeats']} interleaved repeats; "
         f"steps_per_execution={s['steps_per_execution']}; conv filters {s['conv_filters']}; "

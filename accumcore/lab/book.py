@@ -110,7 +110,8 @@ def _glue_record(name: str, value: Any, display: bool = False) -> None:
 def progress(message: str) -> None:
     """Append ``message`` (with the time) to the ``ACCUMCORE_PROGRESS`` file, if one is named.
 
-    Prints nothing: the line is for the terminal of ``scripts/build-book.sh``, not the page.
+    Prints nothing on the page: the line goes to the file ``ACCUMCORE_PROGRESS`` names, for
+    following a long run from a terminal.
     """
     path = os.environ.get(PROGRESS_ENV)
     if path:
