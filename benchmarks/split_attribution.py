@@ -20,9 +20,13 @@ pieces only during its trace and its op count; every later epoch runs the graph 
 * ``take``: ``state.take`` replaced by the minimal model's slice (no cast, no ``tf.stack`` of
   a cast ``start``);
 * ``close_cond``: ``apply_window`` calls ``rule.close`` directly (no ``plan.decide``, no
-  "due" ``tf.cond``);
+  "due" ``tf.cond``); where the library closes a split batch with ``_close_split`` (which
+  does just that) this variant is the same graph as ``split``: a null control;
 * ``bare_close``: ``apply_window`` is one ``optimizer.apply`` of ``sum / W`` and the window's
   variables zeroed (no skip ``tf.cond``, no ``end`` counters).
+
+``per_micro_batch`` takes away every piece that runs once per micro-batch (``tracker`` to
+``take``); ``all`` every piece but ``close_cond`` (within ``bare_close``).
 
 ``rule.check_variables`` and the policy's ``fit_logs`` (``{}`` for ``"raise"``) add no graph
 op (they run at trace time), and with a static batch of 64 the whole-versus-split ``tf.cond``
@@ -31,6 +35,7 @@ is decided at trace time too: the op counts show it.
 Usage (repository root, the project's venv):
 
     python benchmarks/split_attribution.py --ops            # op counts only (no timing)
+    python benchmarks/split_attribution.py --variants=-check,all --rounds 21
     python benchmarks/split_attribution.py --rounds 15 --samples 8192 \\
         --out benchmarks/results/cpu/split_attribution.json
 
@@ -75,13 +80,15 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "minimal_split": (), "split": (),
     **{f"-{p}": (p,) for p in PIECES if p != "loss"},
     "-loss": ("loss", "weights"),
+    "per_micro_batch": ("tracker", "metrics", "weights", "loss", "counters", "take"),
     "all": tuple(p for p in PIECES if p != "close_cond"),
 }
 #: The pieces of the variant being traced (read by the replacements at trace time).
 ACTIVE: set[str] = set()
 ORIGINAL = {"micro_batch": fitting._micro_batch, "weights": gradients._weights,
             "loss": fitting._compiled_loss, "add": rule.add, "take": state.take,
-            "apply_window": state.AccumulationState.apply_window}
+            "apply_window": state.AccumulationState.apply_window,
+            "close_split": getattr(state.AccumulationState, "_close_split", None)}
 
 
 def micro_batch(model, x, y, sample_weight, *, micro_batches=None):
@@ -161,11 +168,21 @@ def apply_window(self, optimizer, variables=None):
     return tf.constant(True)
 
 
+def close_split(self, optimizer):
+    """``_close_split`` (the split's close, where the library has one: ``rule.close`` without
+    the count's ``tf.cond``), or (``bare_close``) :func:`apply_window`'s bare close."""
+    if "bare_close" not in ACTIVE:
+        return ORIGINAL["close_split"](self, optimizer)
+    return apply_window(self, optimizer)
+
+
 def install() -> None:
     """Put the replacements in place (each runs the original unless its piece is active)."""
     fitting._micro_batch, gradients._weights = micro_batch, weights
     fitting._compiled_loss, rule.add, state.take = compiled_loss, add, take
     state.AccumulationState.apply_window = apply_window
+    if ORIGINAL["close_split"] is not None:
+        state.AccumulationState._close_split = close_split
 
 
 @contextlib.contextmanager
@@ -234,8 +251,14 @@ def shares(cpu: dict[str, dict]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = bm.benchmark_parser(__doc__.split("\n\n")[0], rounds=15, samples=8192)
     parser.add_argument("--ops", action="store_true", help="count the graph ops only")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help="comma-separated, e.g. --variants=-check,all (split and "
+                        "minimal_split always run)")
     args = parser.parse_args(argv)
+    args.variants = args.variants.split(",")
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {', '.join(VARIANTS)}")
     variants = ["minimal_split", "split", *(v for v in args.variants
                                             if v not in ("minimal_split", "split"))]
     install()
