@@ -398,7 +398,7 @@ class AccumulationState(tf.Module):
 
         def split() -> tuple:
             totals = micro_batches(batch, size, add_one, (tf.constant(0.0), tf.constant(0.0)))
-            applied = self.apply_window(optimizer)
+            applied = self._close_split(optimizer)
             return tf.math.divide_no_nan(*totals), totals[1], applied
 
         def whole() -> tuple:  # the batch is one micro-batch: its window skips accumulators
@@ -419,6 +419,19 @@ class AccumulationState(tf.Module):
         if n_static is not None:
             return whole() if n_static <= size else split()
         return tf.cond(tf.shape(first_leaf(batch[0]))[0] <= size, whole, split)
+
+    def _close_split(self, optimizer) -> tf.Tensor:
+        """Close the window a split batch has just filled (:meth:`one_window`): on one
+        replica the batch was larger than b, so :func:`micro_batches` added at least one
+        micro-batch and the window is due: ``rule.close`` now, without
+        :meth:`apply_window`'s ``tf.cond`` on the window's count (the branch it would take,
+        the same update and counts). Under a strategy a replica's share of the batch may be
+        empty: :meth:`apply_window`. Returns whether an optimizer update was applied."""
+        if self.replicas.distributed:
+            return self.apply_window(optimizer)
+        window, counters, _ = self._pieces_checked()
+        return rule.close(window, counters, self.plan(optimizer), optimizer,
+                          list(self._variables.value), self._present.value)
 
     def apply_window(self, optimizer, variables: Sequence | None = None) -> tf.Tensor:
         """Close the current window now, whatever it holds: one ``optimizer.apply`` with its
