@@ -34,9 +34,9 @@ is decided at trace time too: the op counts show it.
 
 Usage (repository root, the project's venv):
 
-    python benchmarks/split_attribution.py --ops            # op counts only (no timing)
-    python benchmarks/split_attribution.py --variants=-check,all --rounds 21
-    python benchmarks/split_attribution.py --rounds 15 --samples 8192 \\
+    python tests/diagnostics/split_attribution.py --ops            # op counts only (no timing)
+    python tests/diagnostics/split_attribution.py --variants=-check,all --rounds 21
+    python tests/diagnostics/split_attribution.py --rounds 15 --samples 8192 \\
         --out benchmarks/results/cpu/split_attribution.json
 
 Each round times one epoch of every variant in a rotating order (MLP 784-256-256-10,
@@ -67,7 +67,8 @@ from accumcore._impl import fitting, gradients, rule, state  # noqa: E402
 from accumcore._impl.denominators import LossWeights  # noqa: E402
 from accumcore.lab import benchmarking as bm  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+sys.path.insert(0, BENCHMARKS)
 import suite  # noqa: E402
 from minimal import MinimalSplitModel  # noqa: E402
 from split_gap import op_types, step_function  # noqa: E402
