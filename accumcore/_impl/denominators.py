@@ -500,9 +500,10 @@ def _warn_unseen_denominator(owner: Any, record: Denominator, y_pred: Any) -> No
         "its number of samples: exact only if the loss is a mean over samples"
         + (" (the model's output carries a Keras mask)" if masked else "")
         + ". If the loss divides by its own count (tokens, a mask), pass that same count as "
-        "`normalizer`, e.g. where the loss counts the labels that are not padding and padding "
-        "is label 0: `normalizer=lambda x, y, sample_weight: tf.reduce_sum(tf.cast(y > 0, "
-        "tf.float32))` (count what your loss counts: `y >= 0` where ignored labels are -1)."
+        "`normalizer`, e.g. where it counts the labels not equal to IGNORE, your padding or "
+        "ignored label (0 for token ids padded with 0; -1 where -1 is ignored and 0 is a "
+        "class): `normalizer=lambda x, y, sample_weight: tf.reduce_sum(tf.cast("
+        "tf.not_equal(y, IGNORE), tf.float32))`."
     ))
 
 

@@ -945,8 +945,17 @@ def seed_spread(values: Sequence[float]) -> float:
     return float(values.max() - values.min())
 
 
+def count_by_tie(a: Sequence[float], b: Sequence[float], tie: float) -> tuple[int, int, int]:
+    """Seed by seed, :func:`compare` of ``a[i]`` with ``b[i]``: how many times ``a`` is lower
+    beyond ``tie``, tied (``|a - b| <= tie``) and higher beyond ``tie``, as
+    ``(lower, tied, higher)`` (same units as ``a``, ``b`` and ``tie``)."""
+    signs = [compare(float(x), float(y), tie) for x, y in zip(a, b, strict=True)]
+    return signs.count(-1), signs.count(0), signs.count(1)
+
+
 #: The cases of :func:`batchnorm_advice`.
-BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "mixed", "normalisation")
+BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "no consistent difference",
+                          "normalisation")
 
 
 def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
@@ -956,11 +965,13 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     ``window`` (:class:`accumcore.WindowBatchNormalization`) and ``stock``
     (``keras.layers.BatchNormalization``), both trained with accumulation, and ``target``
     (stock BN, plain batches of B): accuracies as fractions, the i-th of each from seed i (the
-    same initial weights and data order). Window-level BN *reproduces* the target when on
-    every seed ``|window - target| <= tie`` (e.g. :func:`tie_threshold` on the test set). The
-    statistics gap's cost is ``window - stock`` per seed, with the sign it has on every seed
-    or not (an equal pair counts as neither sign). Returns ``(case, advice)``, ``case`` one of
-    ``BATCHNORM_ADVICE_CASES`` and ``advice`` a sentence in percentage points.
+    same initial weights and data order). One tie rule throughout (e.g. :func:`tie_threshold`
+    on the test set): window-level BN *reproduces* the target when on every seed
+    ``|window - target| <= tie``; the statistics gap's cost is ``window - stock`` per seed,
+    counted as stock higher beyond the tie, tied, or window higher beyond the tie
+    (:func:`count_by_tie`). Only a difference beyond the tie on every seed is a consistent
+    one. Returns ``(case, advice)``, ``case`` one of ``BATCHNORM_ADVICE_CASES`` and
+    ``advice`` a sentence in percentage points.
 
     Raises:
         ValueError: if the three sequences are empty or differ in length.
@@ -970,7 +981,6 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
         raise ValueError("Need one accuracy per seed for window-level BN, stock BN and the "
                          f"target; got {window.size}, {stock.size} and {target.size}.")
     seeds, worst = window.size, 100 * float(np.max(np.abs(window - target)))
-    cost = 100 * float(np.mean(window - stock))
     if worst > 100 * tie:
         return "normalisation", (
             f"window-level BN, whose moving statistics are the large batch's, was up to "
@@ -978,21 +988,22 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             f"{100 * tie:.2f}: the normalisation gap (each micro-batch normalised with its "
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
             "normalisation (GroupNormalization, LayerNormalization)")
+    stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
+    counts = (f"stock BN scored higher beyond the tie threshold on {stock_higher} of {seeds} "
+              f"seeds, tied on {tied} and lower on {window_higher}")
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
-                  f"it on every seed, under the tie threshold of {100 * tie:.2f})")
-    if np.all(window < stock):
+                  f"it on every seed, under the tie threshold of {100 * tie:.2f}); {counts}")
+    if stock_higher == seeds:
         return "stock higher", (
-            f"{reproduced}, and stock BN scored higher on all {seeds} seeds, by {-cost:.2f} "
-            "points on average: here reproducing the large batch cost accuracy. Use "
+            f"{reproduced}: here reproducing the large batch cost accuracy. Use "
             "WindowBatchNormalization to reproduce or compare with a large-batch recipe; "
             "where only accuracy counts, measure stock BN against it on held-out "
             "data, as this page did")
-    if np.all(window > stock):
+    if window_higher == seeds:
         return "window higher", (
-            f"{reproduced}, and stock BN scored lower on all {seeds} seeds, by {cost:.2f} "
-            "points on average: use WindowBatchNormalization (convert_batchnorm on an "
-            "existing model)")
-    return "mixed", (
-        f"{reproduced}; window-level minus stock BN changed sign across the seeds ({cost:+.2f} "
-        "points on average): the statistics gap showed no consistent cost, so either layer does, "
-        "and WindowBatchNormalization is the one that reproduces a large-batch recipe")
+            f"{reproduced}: use WindowBatchNormalization (convert_batchnorm on an existing "
+            "model)")
+    return "no consistent difference", (
+        f"{reproduced}: no consistent cost or gain measured, so either layer does for "
+        "accuracy, and WindowBatchNormalization is the one that reproduces the large batch's "
+        "moving statistics")
