@@ -392,6 +392,8 @@ NEVER_SHOWN: dict[str, str] = {
         "a GitHub issue reference: say what the limitation is",
     r"\btensorflow\.python\.|\bkeras\.src\.|\baccumcore[./]_impl\b":
         "an internal module path (readers import `tf.`, `keras.` and `accumcore.` names)",
+    r"\bthis build\b|\bbuild machine\b|\bthe build['’]s (?:device|machine)\b":
+        "the book's build named to readers: say what ran (a CPU without internet access)",
 }
 
 
@@ -473,8 +475,9 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
                                                  "smaller' (chapter 4): say what it means",
         r"\bsupported until\b": "a support promise (the versions page listed one under 'Not "
                                 "supported')",
-        r"\b(?:library|book)['’]s tests\b": "defers to the tests instead of showing: the page "
-                                             "shows the fact with a computation, or drops it",
+        r"\b(?:library|book|project)['’]s (?:own )?tests?\b|\bproject['’]s test command\b":
+            "defers to the tests instead of showing: the page shows the fact with a computation, "
+            "or drops it",
         r"\btested (?:on|with) (?:CPU|GPU|an?\b|\d|`)": "where the project tested a row ('tested "
                                                        "on CPU'), instead of what the library "
                                                        "does",
@@ -858,6 +861,8 @@ RENDERED: dict[str, str] = {
         "a raw object repr in a signature or text: write what it is",
     r"(?<![\w.])_[a-z]\w* \(": "a private name in a rendered parameter list: readers cannot "
                                 "pass it",
+    r"\bchapter (\d+)[,:]? \1\. ": "a chapter's number said twice (a hand-written 'Chapter N,' "
+                                   "before a link whose title starts 'N.')",
 }
 #: A sentence this long (in words) said twice on one page is a repeat, not a refrain.
 REPEAT_MIN_WORDS = 6

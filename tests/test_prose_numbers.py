@@ -513,6 +513,12 @@ def test_a_quoted_glue_with_no_recorded_value_fails(tmp_path, capsys):
     ("below both controls (1 times the smaller)", "below both controls (2.1e-3 against 2.2e-3)"),
     ("Keras's fit fails there (keras-team/keras#20585).", "Keras's fit fails there."),
     ("a `keras.src.models.Sequential` is built", "a `keras.Sequential` is built"),
+    ("the preset could not be loaded: this build has no kagglehub package",
+     "the preset could not be downloaded: this page ran without internet access"),
+    ("(the build machine has no internet)", "(this page ran without internet access)"),
+    ("rows which the library's own tests check", "rows no chapter runs"),
+    ("The project's test command runs every notebook on it.",
+     "The package is known to run on this stack."),
 ])
 def test_machinery_on_a_reference_page_fails_and_its_rewrite_passes(written, rewritten):
     """The round-1 read of the reference pages: test citations, issue numbers, internal
@@ -626,3 +632,15 @@ def test_an_output_the_page_removes_is_not_read_as_shown(tags, flagged):
                        "outputs": [{"output_type": "execute_result", "data": {
                            "text/plain": "<keras.src.callbacks.history.History at 0x7f>"}}]}]}
     assert bool(checker.known_contradictions("03_model_fit", page)) is flagged
+
+
+@pytest.mark.parametrize("text, flagged", [
+    ("<p>See <a href='08.html'>Chapter 8, 8. Several devices and mixed precision</a>.</p>", True),
+    ("<p>See <a href='08.html'>8. Several devices and mixed precision</a>.</p>", False),
+    ("<p>Chapter 8, section 8. Several devices</p>", False),
+])
+def test_a_chapter_number_said_twice_on_a_rendered_page(text, flagged):
+    """Round 5: "Chapter 8, 8. Several devices ..." (a hand-written prefix before a link whose
+    title carries the number)."""
+    problems = checker.rendered_page_problems(f"<html><body>{text}</body></html>")
+    assert any("number said twice" in p for p in problems) is flagged, problems

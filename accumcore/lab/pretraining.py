@@ -1,5 +1,5 @@
 """A small GPT-2 pretrained here and saved as a KerasHub preset: the fine-tuning chapter's model
-where the published preset cannot be downloaded (the book's build machine has no internet).
+where the published preset cannot be downloaded (a machine without internet access).
 
 :func:`pretrain_small_gpt2` builds a GPT-2 of two layers, 64 wide, over bytes (a byte-level
 ``GPT2Tokenizer``: the 256 bytes, one merge, the end token), trains it on
