@@ -388,7 +388,8 @@ def uncomputed_comparisons(notebook: dict, allowed: dict[str, str]) -> list[str]
 #: What no page may show, in its sources (``KNOWN_CONTRADICTIONS["*"]``) or built
 #: (``RENDERED``): regular expression, case-insensitive -> why.
 NEVER_SHOWN: dict[str, str] = {
-    r"(?<![\w/.-])[\w-]+/[\w.-]+#\d+\b|\b(?:issue|pr|pull request) #?\d+\b":
+    r"(?<![\w/.-])[\w-]+/[\w.-]+#\d+\b|\b(?:issue|pr|pull request) #?\d+\b"
+    r"|github\.com/[\w.-]+/[\w.-]+/(?:issues|pull)/\d+":
         "a GitHub issue reference: say what the limitation is",
     r"\btensorflow\.python\.|\bkeras\.src\.|\baccumcore[./]_impl\b":
         "an internal module path (readers import `tf.`, `keras.` and `accumcore.` names)",
@@ -475,7 +476,8 @@ KNOWN_CONTRADICTIONS: dict[str, dict[str, str]] = {
                                                  "smaller' (chapter 4): say what it means",
         r"\bsupported until\b": "a support promise (the versions page listed one under 'Not "
                                 "supported')",
-        r"\b(?:library|book|project)['’]s (?:own )?tests?\b|\bproject['’]s test command\b":
+        r"\b(?:library|book|project)['’]s (?:own )?tests\b"
+        r"|\b(?:library|book|project)['’]s test (?:suite|command)\b":
             "defers to the tests instead of showing: the page shows the fact with a computation, "
             "or drops it",
         r"\btested (?:on|with) (?:CPU|GPU|an?\b|\d|`)": "where the project tested a row ('tested "
@@ -519,17 +521,25 @@ def markdown_page_problems(markdown: str) -> list[str]:
 def page_text(notebook: dict, outputs: bool = True) -> str:
     """The page as a reader sees it, whitespace collapsed: its markdown, and (``outputs``) the
     text its code cells print and glue (a removed cell's glue records too: the prose shows
-    them), but not the other outputs the page removes (``OUTPUT_HIDDEN``)."""
+    them), but not the other outputs the page removes (``OUTPUT_HIDDEN``, and stderr under
+    ``remove-stderr``)."""
     parts = []
     for cell in notebook["cells"]:
-        hidden = bool(OUTPUT_HIDDEN & set(cell.get("metadata", {}).get("tags", [])))
+        tags = set(cell.get("metadata", {}).get("tags", []))
         if cell["cell_type"] == "markdown":
             parts.append("".join(cell["source"]))
             continue
         for output in cell.get("outputs", []) if outputs else []:
-            if not hidden or "scrapbook" in output.get("metadata", {}):
+            if _shown(output, tags) or "scrapbook" in output.get("metadata", {}):
                 parts.append(_output_text(output))
     return " ".join(" ".join(parts).split())
+
+
+def _shown(output: dict, tags: set[str]) -> bool:
+    """Whether a code cell's output (its cell tagged ``tags``) is on the built page."""
+    if OUTPUT_HIDDEN & tags:
+        return False
+    return not ("remove-stderr" in tags and output.get("name") == "stderr")
 
 
 def _output_text(output: dict) -> str:
@@ -861,8 +871,9 @@ RENDERED: dict[str, str] = {
         "a raw object repr in a signature or text: write what it is",
     r"(?<![\w.])_[a-z]\w* \(": "a private name in a rendered parameter list: readers cannot "
                                 "pass it",
-    r"\bchapter (\d+)[,:]? \1\. ": "a chapter's number said twice (a hand-written 'Chapter N,' "
-                                   "before a link whose title starts 'N.')",
+    r"\bchapter (\d+[a-z]?)[,:(]? \(?\1\. ":
+        "a chapter's number said twice (a hand-written 'Chapter N,' before a link whose title "
+        "starts 'N.')",
 }
 #: A sentence this long (in words) said twice on one page is a repeat, not a refrain.
 REPEAT_MIN_WORDS = 6

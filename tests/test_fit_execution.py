@@ -115,8 +115,9 @@ def test_jit_compile_is_exact_on_cpu(arrays, steps_per_execution, weighted):
 @pytest.mark.parametrize(("steps_per_execution", "jit_compile"), [(4, False), (1, True)])
 def test_nonfinite_raise_names_the_micro_step_under_execution_and_xla(
         arrays, steps_per_execution, jit_compile):
-    """A NaN in micro-batch 5 (window 1, position 2): the error, raised at the epoch's end,
-    names window 1 (micro-batches 3 to 5) and the 4 micro-batches after it that were discarded,
+    """A NaN in micro-batch 5 (window 1, position 2, counted from 0): the error, raised at the
+    epoch's end, names that window (``err.window`` 1, ``err.first_micro_step`` 3; its message
+    counts from 1) and the 4 micro-batches after it that were discarded,
     whatever the execution grouping; the weights are those of window 0 alone."""
     x, y, _ = arrays
     bad = x.copy()

@@ -519,6 +519,8 @@ def test_a_quoted_glue_with_no_recorded_value_fails(tmp_path, capsys):
     ("rows which the library's own tests check", "rows no chapter runs"),
     ("The project's test command runs every notebook on it.",
      "The package is known to run on this stack."),
+    ("see https://github.com/keras-team/keras/issues/20585", "Keras's fit fails there."),
+    ("the book's tests check it", "the book's test set has 10,000 images"),
 ])
 def test_machinery_on_a_reference_page_fails_and_its_rewrite_passes(written, rewritten):
     """The round-1 read of the reference pages: test citations, issue numbers, internal
@@ -638,9 +640,21 @@ def test_an_output_the_page_removes_is_not_read_as_shown(tags, flagged):
     ("<p>See <a href='08.html'>Chapter 8, 8. Several devices and mixed precision</a>.</p>", True),
     ("<p>See <a href='08.html'>8. Several devices and mixed precision</a>.</p>", False),
     ("<p>Chapter 8, section 8. Several devices</p>", False),
+    ("<p>See Chapter 6b, <a href='06b.html'>6b. Gaps</a>.</p>", True),
+    ("<p>See chapter 8 (<a href='08.html'>8. Several devices</a>).</p>", True),
 ])
 def test_a_chapter_number_said_twice_on_a_rendered_page(text, flagged):
-    """Round 5: "Chapter 8, 8. Several devices ..." (a hand-written prefix before a link whose
-    title carries the number)."""
+    """A hand-written "Chapter 8," before a link whose title carries the number ("8. Several
+    devices ...", "6b. Gaps ...")."""
     problems = checker.rendered_page_problems(f"<html><body>{text}</body></html>")
     assert any("number said twice" in p for p in problems) is flagged, problems
+
+
+@pytest.mark.parametrize("tags, flagged", [([], True), (["remove-stderr"], False)])
+def test_stderr_the_page_removes_is_not_read_as_shown(tags, flagged):
+    """TensorFlow's deprecation notices name ``tensorflow.python`` modules on stderr; under
+    ``remove-stderr`` the page does not show them."""
+    page = {"cells": [{"cell_type": "code", "source": "x", "metadata": {"tags": tags},
+                       "outputs": [{"output_type": "stream", "name": "stderr", "text":
+                                    "(from tensorflow.python.ops.x) is deprecated"}]}]}
+    assert bool(checker.known_contradictions("01_eager_loop", page)) is flagged

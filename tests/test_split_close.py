@@ -49,13 +49,20 @@ def trained(kind: str, x, y, *, via_apply_window: bool = False, nonfinite: str =
     model.compile(keras.optimizers.SGD(0.1), LOSS)
     ac.accumulate(model, nonfinite=nonfinite, **how)
     batch = B if "micro_batch_size" in how else B // how["accum_steps"]
-    close = AccumulationState._close_split
-    if via_apply_window:
-        AccumulationState._close_split = lambda self, optimizer: self.apply_window(optimizer)
+    close, calls = AccumulationState._close_split, []
+
+    def counted(self, optimizer):  # traced once per step function: counts the traces
+        calls.append(optimizer)
+        return close(self, optimizer)
+
+    AccumulationState._close_split = (
+        (lambda self, optimizer: self.apply_window(optimizer)) if via_apply_window else counted)
     try:
         model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0)
     finally:
         AccumulationState._close_split = close
+    # the split's own close is what ran (without it both paths would be one graph)
+    assert bool(calls) is ("micro_batch_size" in how and not via_apply_window)
     return model
 
 

@@ -369,7 +369,7 @@ class AccumulationState(tf.Module):
                    contribute: Callable) -> tuple:
         """One batch as one window, in one traced step: the batch cut into micro-batches of
         ``size`` samples (:func:`micro_batches`: the last may be smaller), each added
-        (:meth:`accumulate`), then the window closed once (:meth:`apply_window`). A batch of
+        (:meth:`accumulate`), then the window closed once (:meth:`_close_split`). A batch of
         at most ``size`` samples (known when traced, else decided by a ``tf.cond`` on its
         size) is one micro-batch: on one replica its window goes to the optimizer without
         the accumulators (``rule.single_window``), the same update and counts.

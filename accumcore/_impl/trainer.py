@@ -512,19 +512,15 @@ class AccumTrainer:
             batch_size: samples per batch for arrays (default 32, as in Keras): B with
                 ``micro_batch_size``, the micro-batch with ``accum_steps``. Not with a dataset.
             epochs: number of epochs.
-            shuffle: arrays only (a dataset is used in its own order): ``True`` (default)
-                draws a new order every epoch from TensorFlow's global seed, so after
-                ``keras.utils.set_random_seed`` every run draws the same sequence of orders
-                (Keras's ``model.fit`` after ``set_random_seed`` repeats one order in every
-                epoch, in Keras 3.15); ``False`` keeps the order.
+            shuffle: arrays only: ``True`` (default) draws a new order every epoch from
+                TensorFlow's global seed (after ``keras.utils.set_random_seed``, the same
+                sequence of orders in every run); ``False`` keeps the order.
             steps_per_epoch: batches per epoch, as in ``model.fit`` (required for an infinite
                 dataset): one iterator runs across the epochs; if the data runs out, a warning
                 says so and the next epoch starts a new pass.
-            mode: how each epoch runs, the same update rule in all three: ``"eager"``, a
-                plain Python loop with every op eager (the readable reference, slowest);
-                ``"function"`` (default), the same Python loop calling a ``tf.function``
-                micro-step traced once; ``"graph"``, the whole epoch inside one
-                ``tf.function`` (fastest).
+            mode: the same update in all three: ``"eager"``, a Python loop of eager ops;
+                ``"function"`` (default), that loop calling a traced ``tf.function`` step;
+                ``"graph"``, the whole epoch in one ``tf.function``.
             verbose: 1: a ``keras.utils.Progbar`` per epoch, 2: a line per epoch, 0: silent.
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
