@@ -57,3 +57,9 @@ def test_count_by_tie_counts_each_seed_once():
 def test_batchnorm_advice_needs_one_accuracy_per_seed_each():
     with pytest.raises(ValueError, match="one accuracy per seed"):
         ex.batchnorm_advice([0.95, 0.96], [0.95], [0.95, 0.96], tie=0.005)
+
+
+def test_batchnorm_advice_refuses_a_nan_accuracy():
+    """A NaN accuracy would compare as neither within nor beyond the tie: refused, not advised."""
+    with pytest.raises(ValueError, match="finite"):
+        ex.batchnorm_advice([0.95, float("nan")], [0.95, 0.96], [0.95, 0.96], tie=0.005)

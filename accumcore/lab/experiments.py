@@ -980,6 +980,8 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     if not window.size or not window.shape == stock.shape == target.shape:
         raise ValueError("Need one accuracy per seed for window-level BN, stock BN and the "
                          f"target; got {window.size}, {stock.size} and {target.size}.")
+    if not all(np.isfinite(a).all() for a in (window, stock, target)) or not np.isfinite(tie):
+        raise ValueError("The accuracies and the tie threshold must be finite numbers.")
     seeds, worst = window.size, 100 * float(np.max(np.abs(window - target)))
     if worst > 100 * tie:
         return "normalisation", (
@@ -992,7 +994,7 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     counts = (f"stock BN scored higher beyond the tie threshold on {stock_higher} of {seeds} "
               f"seeds, tied on {tied} and lower on {window_higher}")
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
-                  f"it on every seed, under the tie threshold of {100 * tie:.2f}); {counts}")
+                  f"it on every seed, at most the tie threshold of {100 * tie:.2f}); {counts}")
     if stock_higher == seeds:
         return "stock higher", (
             f"{reproduced}: here reproducing the large batch cost accuracy. Use "
