@@ -13,7 +13,7 @@ Custom loops (:class:`ResumableLoop`) keep all of it in one ``tf.train.Checkpoin
 by a ``tf.train.CheckpointManager``; the ``tf.data`` iterator itself is checkpointed, so the
 epoch continues with the next unseen micro-batch (shuffle buffers included).
 
-``model.fit`` cannot checkpoint its data iterator, and in Keras 3.15
+``model.fit`` cannot checkpoint its data iterator, and in Keras 3.13 and 3.15
 ``keras.callbacks.BackupAndRestore`` restores the weights but restarts the interrupted epoch
 from its first batch. With ``save_freq="epoch"`` that is exact (the checkpoint is taken at an
 epoch boundary; :class:`accumcore.AccumModel` saves a carried partial window with the weights).
