@@ -370,7 +370,7 @@ def scenario_fit_exact_backup_split(tmp: Path) -> dict:
 
 
 def scenario_fit_keras_backup_int_replays(tmp: Path) -> dict:
-    """What Keras 3.15's own BackupAndRestore(save_freq=2) does after a mid-epoch crash: it
+    """What Keras's own BackupAndRestore(save_freq=2) (3.13, 3.15) does after a mid-epoch crash: it
     restores the mid-epoch weights and replays the epoch from its first batch."""
     import keras
 

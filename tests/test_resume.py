@@ -182,7 +182,7 @@ def test_fit_exact_backup_and_restore_in_split_mode_two_crashes():
 
 
 def test_keras_backup_and_restore_with_integer_save_freq_retrains_seen_batches():
-    """What Keras 3.15's BackupAndRestore(save_freq=2) does: the mid-epoch backup (epoch 1,
+    """What Keras's BackupAndRestore(save_freq=2) (3.13, 3.15) does: the mid-epoch backup (epoch 1,
     4 batches) is restored, then epoch 1 is replayed from its first batch, so 4 micro-batches
     (32 samples) are trained twice and the weights differ from the uninterrupted run. This
     is why accumcore ships ExactBackupAndRestore.
