@@ -253,7 +253,9 @@ class TraceCountingAccumModel(AccumModel):
 
 def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
                  data: str = "synthetic", xla: bool = True) -> list[dict[str, Any]]:
-    """Traces of each compiled entry point per epoch, over ``epochs`` epochs (MLP).
+    """Traces of each compiled entry point per epoch, over ``epochs`` epochs (MLP): of
+    ``AccumModel``'s train step, and of the ``tf.function`` each ``AccumTrainer`` loop runs
+    (``compiled_function``).
 
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
     the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
@@ -283,27 +285,42 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
         model.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)
         counts.append(TraceCountingAccumModel.traces)
     record("AccumModel.fit", counts)
-    # AccumTrainer loops
-    for mode in ("function", "graph"):
-        loss = TraceCountingLoss()
-        trainer = AccumTrainer(build_model("mlp"), keras.optimizers.Adam(1e-3), loss,
+    # AccumTrainer loops: the traces of the tf.function each runs (`compiled_function`)
+    for mode, entry in (("function", "micro_batch"), ("graph", "epoch")):
+        trainer = AccumTrainer(build_model("mlp"), keras.optimizers.Adam(1e-3), LOSS,
                                accum_steps=k)
         counts = []
         for _ in range(epochs):
             trainer.fit(ds_b, epochs=1, mode=mode, verbose=0)
-            counts.append(loss.traces)
+            counts.append(trainer.compiled_function(entry).experimental_get_tracing_count())
         record(f"AccumTrainer.fit(mode='{mode}')", counts)
     for jit in (False, True) if xla else (False,):
-        loss = TraceCountingLoss()
-        trainer = AccumTrainer(build_model("mlp"), keras.optimizers.Adam(1e-3), loss,
+        trainer = AccumTrainer(build_model("mlp"), keras.optimizers.Adam(1e-3), LOSS,
                                accum_steps=k, jit_compile=jit)
         counts = []
         for _ in range(epochs):
             for xb, yb in ds_big:
                 trainer.window_step(xb, yb)
-            counts.append(loss.traces)
+            counts.append(trainer.compiled_function("window").experimental_get_tracing_count())
         record("AccumTrainer.window_step" + (" (XLA)" if jit else ""), counts)
     return records
+
+
+def count_step_traces(model: keras.Model) -> list[int]:
+    """Count the traces of ``model``'s train step (its class's, or the one
+    ``accumcore.accumulate`` gave it): returns a list that gets one item per trace, from
+    ``fit`` or ``train_on_batch`` (the step's Python runs only while a graph is traced).
+    Call it after ``accumulate`` and before the first ``fit``."""
+    step = model.train_step
+    traced: list[int] = []
+
+    def counted_step(data):
+        if not tf.executing_eagerly():
+            traced.append(1)
+        return step(data)
+
+    object.__setattr__(model, "train_step", counted_step)  # on the instance, as accumulate
+    return traced
 
 
 # ---------------------------------------------------------------------------- graph operations
