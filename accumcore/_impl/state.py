@@ -333,10 +333,17 @@ class AccumulationState(tf.Module):
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence,
              undivided: Sequence | None = None) -> tf.Tensor:
-        """:meth:`accumulate` one micro-batch (``undivided`` as there), then close the window
-        if it holds K: the whole per-micro-batch rule of every entry point
-        (``accumcore._impl.rule.step``). Graph-safe; under a strategy it runs in replica
-        context.
+        """:meth:`accumulate` one micro-batch, then close the window if it holds K: the
+        per-micro-batch rule of every entry point (``accumcore._impl.rule.step``).
+        Graph-safe; under a strategy it runs in replica context.
+
+        Args:
+            grads: gradients of the micro-batch's summed loss, as for :meth:`accumulate`.
+            weight: its ``c_i``, what its loss divided it by, float scalar.
+            samples: its number of samples, int scalar.
+            optimizer: the Keras optimizer that applies the window when it closes.
+            variables: the trainable variables ``grads`` belong to, in the same order.
+            undivided: the gradients of its sums beside a mean loss, or ``None``.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.

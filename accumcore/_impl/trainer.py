@@ -386,8 +386,8 @@ class AccumTrainer:
     def window_step(self, x, y=None, sample_weight=None):
         """One optimizer update from one large batch, split in the graph.
 
-        The batch of ``n`` samples is cut by the same function as every entry point
-        (``state.micro_batches``: b, b, ..., the rest) into micro-batches of b =
+        The batch of ``n`` samples is cut as at every entry point (b, b, ..., the rest:
+        one code path splits batches for all of them) into micro-batches of b =
         ``micro_batch_size`` samples, or, with ``accum_steps`` K, of ``ceil(n / K)`` (K
         micro-batches at most: 64 at K = 4 runs as 4 x 16, 50 as 13 + 13 + 13 + 11). The
         gradients are accumulated inside one ``tf.function`` and applied once, without holding
@@ -506,11 +506,13 @@ class AccumTrainer:
 
         Args:
             x: a ``tf.data.Dataset`` yielding batches ``x``, ``(x, y)`` or ``(x, y,
-                sample_weight)``, or numpy arrays / tensors (a list or dict for several
-                inputs) with ``y`` and ``batch_size``.
-            y, sample_weight: arrays, only with array ``x`` (``fit(dataset, 3)`` raises).
-            batch_size: samples per batch for arrays (default 32, as in Keras): B with
-                ``micro_batch_size``, the micro-batch with ``accum_steps``. Not with a dataset.
+                sample_weight)``, or arrays / tensors (a list or dict for several inputs).
+            y: the targets (arrays), only with array ``x``.
+            sample_weight: one weight per sample, as ``model.fit``'s, only with array ``y``.
+            batch_size: samples per batch for arrays (default 32, as in Keras): with
+                ``micro_batch_size=b`` the recipe's B, split into micro-batches of b; with
+                ``accum_steps=K`` the micro-batch, K per update. Under the deprecated
+                ``effective_batch_size=B, micro_batch_size=b``: b (default; another raises).
             epochs: number of epochs.
             shuffle: arrays only: ``True`` (default) draws a new order every epoch from
                 TensorFlow's global seed (after ``keras.utils.set_random_seed``, the same
@@ -525,8 +527,7 @@ class AccumTrainer:
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
         A :class:`NonFiniteGradientError` of a previous call is cleared at the start (logged).
-        Returns a :class:`LoopHistory`.
-        """
+        Returns a :class:`LoopHistory`."""
         check_choice(mode, "mode", MODES)
         dataset = datasets.as_dataset(x, y, sample_weight, batch_size, shuffle,
                                       fixed_batch_size=self._legacy_batch_size)

@@ -258,8 +258,9 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
     the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
     traces in each epoch: a trace after the first epoch means the function was built again),
-    ``total`` and ``ok`` (whether the function was built only in the first epoch and at
-    most :data:`MAX_TRACES` times: once per input shape, a full and a ragged batch).
+    ``total`` (all its traces) and ``ok``: ``True`` when the function was traced in the first
+    epoch only, at most ``MAX_TRACES`` (2) times: once for the full batch shape and once for
+    the ragged last batch; ``False`` means it was rebuilt (a retrace to look into).
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)

@@ -61,9 +61,10 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
-        path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
-            the ``ACCUMCORE_MNIST_PATH`` environment variable, if set (for a machine
-            without internet access).
+        path: a local ``mnist.npz`` (Keras's layout) for when the download fails. To use a
+            copy you have (a machine without internet access), pass its path, or set the
+            environment variable ``ACCUMCORE_MNIST_PATH`` to it: the book's notebooks call
+            ``load_mnist()`` without a path and then read that file.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 
