@@ -258,9 +258,8 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
     the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
     traces in each epoch: a trace after the first epoch means the function was built again),
-    ``total`` (all its traces) and ``ok``: ``True`` when the function was traced in the first
-    epoch only, at most ``MAX_TRACES`` (2) times: once for the full batch shape and once for
-    the ragged last batch; ``False`` means it was rebuilt (a retrace to look into).
+    ``total`` and ``ok``: traced in the first epoch only, at most ``MAX_TRACES`` (2) times
+    (the full and the ragged batch shape); ``False`` means it was rebuilt.
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)

@@ -61,10 +61,9 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
-        path: a local ``mnist.npz`` (Keras's layout) for when the download fails. To use a
-            copy you have (a machine without internet access), pass its path, or set the
-            environment variable ``ACCUMCORE_MNIST_PATH`` to it: the book's notebooks call
-            ``load_mnist()`` without a path and then read that file.
+        path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
+            the environment variable ``ACCUMCORE_MNIST_PATH``, which points the book's
+            notebooks (they pass no path) at a copy you have.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 
