@@ -34,7 +34,7 @@ callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
 reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
 holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (in Keras
-3.13 and 3.15) for ``fit(x, y, shuffle=True)`` with arrays after
+3.13 and 3.15, the tested versions) for ``fit(x, y, shuffle=True)`` with arrays after
 ``keras.utils.set_random_seed``, which then uses the *same* permutation in every epoch.
 Without a global seed the permutation differs between processes and no resume is exact.
 """

@@ -37,7 +37,10 @@ section 3", is not checked); and a value glued from a file rather than computed 
 code (``glued_from_files``: a glue whose value depends on something read with ``open``,
 ``json.load``, ``np.load`` or a function that reads a file), unless ``ALLOWED_FILE_GLUE``
 lists it for that page with why. These read the sources too, so ``tests/test_prose_numbers.py``
-runs them on ``book/*.ipynb`` without a build.
+runs them on ``book/*.ipynb`` without a build. The prose (markdown cells, and the Markdown pages
+through ``markdown_page_problems``; not code, code spans or outputs, where Python's ``assert``
+is at home) must not speak the tests' language: "asserted", "the assert(s)", "the cell asserts
+that" (``ASSERT_WORDS``): it says what the page checks and shows.
 
 The fifth rule: a glued number the prose quotes (``{glue:text}`key:fmt```, a value the page's
 code computed) must also be printed by a visible output of the page, so that the reader sees
@@ -508,14 +511,15 @@ MARKDOWN_MACHINERY: dict[str, str] = {
 
 
 def markdown_page_problems(markdown: str) -> list[str]:
-    """The page-wide ``KNOWN_CONTRADICTIONS`` and ``MARKDOWN_MACHINERY`` found in a Markdown
-    page's visible text (its MyST ``%`` comments removed by the caller), one line each."""
+    """The page-wide ``KNOWN_CONTRADICTIONS``, ``MARKDOWN_MACHINERY`` and ``ASSERT_WORDS``
+    found in a Markdown page's visible text (its MyST ``%`` comments removed by the caller), one
+    line each."""
     page = {"cells": [{"cell_type": "markdown", "source": markdown}]}
     text = page_text(page, outputs=False)
     return known_contradictions("*", page, outputs=False) + [
         f"machinery on a Markdown page: {match.group(0)!r} ({why})"
         for pattern, why in MARKDOWN_MACHINERY.items()
-        for match in [re.search(pattern, text, re.I)] if match]
+        for match in [re.search(pattern, text, re.I)] if match] + assert_words(markdown)
 
 
 def page_text(notebook: dict, outputs: bool = True) -> str:
@@ -859,7 +863,39 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
     if stem in FILE_GLUE_PENDING:
         from_files = [] if from_files else [
             "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
-    return machinery_shown(notebook) + missing_sections(notebook) + from_files
+    return (machinery_shown(notebook) + missing_sections(notebook) + from_files
+            + notebook_assert_words(stem, notebook))
+
+
+# ---------------------------------------------------------------------------- assert words
+#: The tests' vocabulary in a reader's prose ("asserted", "the assert(s)", "the cell asserts
+#: that"): a page says what it checks and shows ("the cell checks that ... and stops if not").
+#: Matched in prose only (:func:`prose`): Python's ``assert`` in code is not.
+ASSERT_WORDS = re.compile(
+    r"\basserted\b|\b(?:the|an?|each|every|its|their|this|these|that|one|two|three) "
+    r"assert(?:s|ions?)?\b|\basserts? (?:that|it|them|this|both|each|every)\b", re.I)
+#: Notebooks whose prose other hands are rewording: not reported while listed; listed once
+#: the prose no longer says it, the page fails, so that the entry is removed.
+ASSERT_WORDS_PENDING = {"04_mnist_experiments", "06b_gaps"}
+
+
+def assert_words(markdown: str) -> list[str]:
+    """The ``ASSERT_WORDS`` in ``markdown``'s prose, one problem each."""
+    text = " ".join(prose(markdown).split())
+    return [f"the tests' vocabulary in the prose: {match.group(0)!r} (say what the page "
+            "checks and shows: 'the cell checks that ... and stops if not')"
+            for match in ASSERT_WORDS.finditer(text)]
+
+
+def notebook_assert_words(stem: str, notebook: dict) -> list[str]:
+    """:func:`assert_words` of a notebook's markdown cells (``ASSERT_WORDS_PENDING``
+    aside)."""
+    found = [problem for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+             for problem in assert_words("".join(cell["source"]))]
+    if stem in ASSERT_WORDS_PENDING:
+        return [] if found else [
+            "ASSERT_WORDS_PENDING lists the page, but its prose no longer says it"]
+    return found
 
 
 # ---------------------------------------------------------------------------- rendered pages

@@ -658,3 +658,32 @@ def test_stderr_the_page_removes_is_not_read_as_shown(tags, flagged):
                        "outputs": [{"output_type": "stream", "name": "stderr", "text":
                                     "(from tensorflow.python.ops.x) is deprecated"}]}]}
     assert bool(checker.known_contradictions("01_eager_loop", page)) is flagged
+
+
+@pytest.mark.parametrize("written, rewritten", [
+    ("within float32 round-off (the book's rule, asserted on the page)",
+     "within float32 round-off (the book's rule: the page checks it and stops if not)"),
+    ("The assert below checks both runs.", "The cell below checks both runs and stops if not."),
+    ("the cell asserts that both gaps are below 0.01", "the cell checks that both gaps are small"),
+])
+def test_the_tests_vocabulary_in_prose_fails_and_its_rewrite_passes(written, rewritten):
+    """The round-6 read: "asserted" on reference pages and in chapters. Code is not prose."""
+    assert checker.markdown_page_problems(written), written
+    assert checker.markdown_page_problems(rewritten) == [], rewritten
+    assert checker.page_problems("09_x", _page(written)), written
+    assert checker.page_problems("09_x", _page(rewritten)) == [], rewritten
+
+
+def test_python_s_assert_in_code_and_outputs_is_not_prose():
+    code = "```python\nassert gap < 1e-3  # the assert stops the page\n```\nIt is exact."
+    assert checker.markdown_page_problems(code) == []
+    assert checker.markdown_page_problems("The `assert` statement is Python's.") == []
+    page = _page("It is exact.", output="asserted: the assert held", code="assert ok")
+    assert checker.page_problems("09_x", page) == []
+
+
+def test_a_pending_page_is_spared_until_its_prose_is_reworded():
+    stem = sorted(checker.ASSERT_WORDS_PENDING)[0]
+    assert checker.page_problems(stem, _page("Exact (asserted).")) == []
+    assert checker.page_problems(stem, _page("Exact (checked).")) == [
+        "ASSERT_WORDS_PENDING lists the page, but its prose no longer says it"]

@@ -80,12 +80,8 @@ class NonFinitePolicy:
     The three built-in policies, ``nonfinite="raise"``, ``"skip_micro_batch"`` and
     ``"skip_window"``, are instances of this class, looked up by name. A policy of your own is
     one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
-    of the methods the window rule calls: ``admit(grads, weight, accept, flag)`` (add each
-    micro-batch, or flag it when ``should_skip`` says so), ``judge_window(sums)`` (float32
-    scalar at the window's close, 1 if its gradient sums are not finite), ``stopped(stop)``
-    (whether training is stopped), ``on_skip(stop, bad, window, counters, present)`` (run when a
-    window is skipped) and ``fit_logs(state)`` (what ``fit`` logs of the skips); and the
-    property ``condemns_window`` (whether a flagged micro-batch discards its whole window).
+    of the methods below, which the window rule calls (in the compiled step, except
+    ``fit_logs``).
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
@@ -112,8 +108,17 @@ class NonFinitePolicy:
 
     def admit(self, grads: Sequence, weight: tf.Tensor, accept: Callable[[], None],
               flag: Callable[[], None]) -> tf.Tensor:
-        """Run ``accept()`` (add the micro-batch) or, when :attr:`should_skip` flags it,
-        ``flag()``. Returns whether it was added (bool scalar)."""
+        """Add one micro-batch, or flag it when :attr:`should_skip` says so.
+
+        Args:
+            grads: its gradients (of its summed loss), one per trainable variable.
+            weight: its ``c_i``, what its loss divided it by, float32 scalar.
+            accept: adds it to the window.
+            flag: records it as left out (or its window as condemned).
+
+        Returns:
+            bool scalar: whether it was added.
+        """
         if self.should_skip is None:
             accept()
             return tf.constant(True)
@@ -122,24 +127,37 @@ class NonFinitePolicy:
         return added
 
     def judge_window(self, sums: Sequence[tf.Tensor]) -> tf.Tensor:
-        """float32 scalar at the window's close: 1 if its gradient ``sums`` are not finite
-        (:func:`window_nonfinite`), else 0; always 0 when each micro-batch was checked."""
+        """float32 scalar at the window's close: 1 if its gradient ``sums`` (the window's
+        accumulators, one per trainable variable) are not finite, else 0; always 0 when each
+        micro-batch was checked."""
         if self.should_skip is not None:
             return tf.constant(0.0)
         return window_nonfinite(sums)
 
     def stopped(self, stop: Stop) -> tf.Tensor:
-        """bool scalar: training is stopped (``freeze``, after a bad window)."""
+        """bool scalar: training is stopped (``freeze``, after a bad window; ``stop``: the
+        state's stop record)."""
         return stop.stopped if self.freeze else tf.constant(False)
 
     def on_skip(self, stop: Stop, bad: tf.Tensor, window, counters,
                 present: Sequence[int]) -> None:
-        """Run when a window is skipped (``freeze``: the first bad one is recorded)."""
+        """Run at the close of a skipped window (non-finite, empty, or any window while
+        training is stopped); a ``freeze`` policy records the first bad one in ``stop``.
+
+        Args:
+            stop: the state's stop record (where ``"raise"`` keeps the bad window's position).
+            bad: bool scalar: the window's gradient sums are not finite.
+            window: the window's variables (its accumulators, weight and micro-batch count).
+            counters: the state's run-long counters (windows and micro-batches seen).
+            present: the indices of the accumulators that received a gradient.
+        """
         if self.freeze:
             stop.record(bad, window, counters, present)
 
     def fit_logs(self, state) -> dict:
-        """What ``fit`` logs of this policy's skips (a ``freeze`` policy raises instead)."""
+        """What ``fit`` logs of this policy's skips, read from ``state`` (the
+        :class:`~accumcore.AccumulationState`): ``skipped_micro_batches`` and
+        ``skipped_windows``; nothing for a ``freeze`` policy, which raises instead."""
         if self.freeze:
             return {}
         return {"skipped_micro_batches": state.micro_batches_skipped,

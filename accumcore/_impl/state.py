@@ -64,15 +64,12 @@ class AccumulationState(tf.Module):
             per window), ``"skip_micro_batch"`` (leave out only the bad micro-batches: every
             micro-batch is checked), or a :class:`~accumcore.NonFinitePolicy`.
 
-    Variables, created by :meth:`build` for the model's trainable variables (attributes of
-    the state, under these names in checkpoints): ``accumulators`` (one per trainable
-    variable, ``sum_i c_i * grad(L_i)`` of the window, float32 or float64) and scalar
-    variables: the pending window's counters (``window_weight``, ``micro_step``,
-    ``window_samples``), the run's counters (those :meth:`counters` reports) and a flag set
-    when a flagged micro-batch condemned the pending window (the ``"raise"`` policy's stop is
-    in no checkpoint). ``undivided_accumulators`` (the same shapes) exist
-    only once a micro-batch brought ``undivided`` gradients (a sum over samples beside a
-    mean loss: :meth:`accumulate`). :meth:`variables_for_saving` lists them.
+    Variables (made by :meth:`build`; under these names in checkpoints, listed by
+    :meth:`variables_for_saving`): ``accumulators`` (per trainable variable, the window's
+    ``sum_i c_i * grad(L_i)``, float32 or float64), the window's ``window_weight``,
+    ``micro_step`` and ``window_samples``, the run's counters (:meth:`counters`), a
+    condemned-window flag (the ``"raise"`` policy's stop is in no checkpoint), and
+    ``undivided_accumulators`` once a micro-batch brings ``undivided`` gradients.
 
     In a ``train_step`` of your own that calls :meth:`step`, give ``fit``
     ``callbacks=[accumcore.WindowFlushCallback(state)]``: at each epoch's end it applies the
@@ -333,10 +330,17 @@ class AccumulationState(tf.Module):
 
     def step(self, grads: Sequence, weight, samples, optimizer, variables: Sequence,
              undivided: Sequence | None = None) -> tf.Tensor:
-        """:meth:`accumulate` one micro-batch (``undivided`` as there), then close the window
-        if it holds K: the whole per-micro-batch rule of every entry point
-        (``accumcore._impl.rule.step``). Graph-safe; under a strategy it runs in replica
-        context.
+        """:meth:`accumulate` one micro-batch, then close the window if it holds K: the
+        per-micro-batch rule of every entry point (``accumcore._impl.rule.step``).
+        Graph-safe; under a strategy it runs in replica context.
+
+        Args:
+            grads: gradients of the micro-batch's summed loss, as for :meth:`accumulate`.
+            weight: its ``c_i``, what its loss divided it by, float scalar.
+            samples: its number of samples, int scalar.
+            optimizer: the Keras optimizer that applies the window when it closes.
+            variables: the trainable variables ``grads`` belong to, in the same order.
+            undivided: the gradients of its sums beside a mean loss, or ``None``.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.

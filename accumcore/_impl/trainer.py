@@ -94,10 +94,8 @@ class AccumTrainer:
         state: its :class:`~accumcore.AccumulationState` (pending window, counters), to
             checkpoint: ``tf.train.Checkpoint(model=..., optimizer=..., state=trainer.state)``.
 
-    The trainable set is followed: freeze or unfreeze layers between calls and the next
-    micro-batch re-creates the accumulators (the window must be empty; ``flush()`` first)
-    and retraces. A Keras optimizer cannot take new variables: after unfreezing, assign a
-    fresh one (``trainer.optimizer = keras.optimizers.Adam(1e-5)``), as ``compile`` does.
+    Freeze or unfreeze layers between calls (``flush()`` first; after unfreezing, assign a new
+    optimizer: ``trainer.optimizer = keras.optimizers.Adam(1e-5)``); the next step retraces.
 
     Example:
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
@@ -386,20 +384,19 @@ class AccumTrainer:
     def window_step(self, x, y=None, sample_weight=None):
         """One optimizer update from one large batch, split in the graph.
 
-        The batch of ``n`` samples is cut by the same function as every entry point
-        (``state.micro_batches``: b, b, ..., the rest) into micro-batches of b =
-        ``micro_batch_size`` samples, or, with ``accum_steps`` K, of ``ceil(n / K)`` (K
-        micro-batches at most: 64 at K = 4 runs as 4 x 16, 50 as 13 + 13 + 13 + 11). The
+        The batch of ``n`` samples is cut, as at every entry point, into micro-batches of
+        b = ``micro_batch_size`` samples (b, b, ..., the rest), or, with ``accum_steps`` K,
+        of ``ceil(n / K)`` (at most K: 50 at K = 4 runs as 13 + 13 + 13 + 11). The
         gradients are accumulated inside one ``tf.function`` and applied once, without holding
         the whole batch's activations; every slice but the rest has a static size, so
         ``jit_compile=True`` stays on for ragged batches. Must start on an empty window (it
         closes the window it opens).
 
-        An error partway (an out-of-memory error at a later micro-batch) drops what the window
-        already added before it is raised, counted in ``samples_dropped``: the weights and the
-        optimizer are as before the call, so the same batch can be given again and is applied
-        once. What the forward passes that ran changed stays changed, as after a failed plain
-        Keras step (``BatchNormalization``'s moving statistics, dropout seeds).
+        An error partway (out of memory at a later micro-batch) drops what the window added
+        (counted in ``samples_dropped``) and is raised: the weights and the optimizer are as
+        before, so the same batch can be given again, applied once. What the forward passes
+        changed stays changed, as after a failed Keras step (BatchNorm statistics, dropout
+        seeds).
 
         Returns:
             The mean loss over the batch (float32 scalar tensor).
@@ -500,17 +497,18 @@ class AccumTrainer:
         verbose: int = 1,
         on_epoch_end: Callable[[int, LoopHistory], None] | None = None,
     ) -> LoopHistory:
-        """Train for ``epochs`` epochs, like ``model.fit``: of micro-batches with
-        ``accum_steps`` (K per update), of batches of B split inside the step with
-        ``micro_batch_size`` (one update per batch; the records are then one per batch).
+        """Train for ``epochs`` epochs, like ``model.fit``: K micro-batches per update with
+        ``accum_steps``, one update per batch with ``micro_batch_size`` (one record each).
 
         Args:
             x: a ``tf.data.Dataset`` yielding batches ``x``, ``(x, y)`` or ``(x, y,
-                sample_weight)``, or numpy arrays / tensors (a list or dict for several
-                inputs) with ``y`` and ``batch_size``.
-            y, sample_weight: arrays, only with array ``x`` (``fit(dataset, 3)`` raises).
+                sample_weight)``, or arrays / tensors (a list or dict for several inputs).
+            y: the targets (arrays), only with array ``x``.
+            sample_weight: one weight per sample, as ``model.fit``'s, only with array ``y``.
             batch_size: samples per batch for arrays (default 32, as in Keras): B with
-                ``micro_batch_size``, the micro-batch with ``accum_steps``. Not with a dataset.
+                ``micro_batch_size=b`` (split into micro-batches of b), the micro-batch with
+                ``accum_steps=K``; b under the deprecated ``effective_batch_size=B,
+                micro_batch_size=b`` (its default; another value raises).
             epochs: number of epochs.
             shuffle: arrays only: ``True`` (default) draws a new order every epoch from
                 TensorFlow's global seed (after ``keras.utils.set_random_seed``, the same
@@ -525,8 +523,7 @@ class AccumTrainer:
             on_epoch_end: optional ``f(epoch, history)`` called after each epoch.
 
         A :class:`NonFiniteGradientError` of a previous call is cleared at the start (logged).
-        Returns a :class:`LoopHistory`.
-        """
+        Returns a :class:`LoopHistory`."""
         check_choice(mode, "mode", MODES)
         dataset = datasets.as_dataset(x, y, sample_weight, batch_size, shuffle,
                                       fixed_batch_size=self._legacy_batch_size)

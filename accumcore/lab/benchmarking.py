@@ -260,8 +260,8 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
     the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
     traces in each epoch: a trace after the first epoch means the function was built again),
-    ``total`` and ``ok`` (whether the function was built only in the first epoch and at
-    most :data:`MAX_TRACES` times: once per input shape, a full and a ragged batch).
+    ``total`` and ``ok``: traced in the first epoch only, at most ``MAX_TRACES`` (2) times
+    (the full and the ragged batch shape); ``False`` means it was rebuilt.
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)

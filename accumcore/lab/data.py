@@ -62,8 +62,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
 
     Args:
         path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
-            the ``ACCUMCORE_MNIST_PATH`` environment variable, if set (for a machine
-            without internet access).
+            the environment variable ``ACCUMCORE_MNIST_PATH``, which points the book's
+            notebooks (they pass no path) at a copy you have.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 
