@@ -864,7 +864,7 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
         from_files = [] if from_files else [
             "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
     return (machinery_shown(notebook) + missing_sections(notebook) + from_files
-            + notebook_assert_words(stem, notebook))
+            + notebook_assert_words(notebook))
 
 
 # ---------------------------------------------------------------------------- assert words
@@ -874,9 +874,6 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
 ASSERT_WORDS = re.compile(
     r"\basserted\b|\b(?:the|an?|each|every|its|their|this|these|that|one|two|three) "
     r"assert(?:s|ions?)?\b|\basserts? (?:that|it|them|this|both|each|every)\b", re.I)
-#: Notebooks whose prose other hands are rewording: not reported while listed; listed once
-#: the prose no longer says it, the page fails, so that the entry is removed.
-ASSERT_WORDS_PENDING = {"04_mnist_experiments", "06b_gaps"}
 
 
 def assert_words(markdown: str) -> list[str]:
@@ -887,15 +884,10 @@ def assert_words(markdown: str) -> list[str]:
             for match in ASSERT_WORDS.finditer(text)]
 
 
-def notebook_assert_words(stem: str, notebook: dict) -> list[str]:
-    """:func:`assert_words` of a notebook's markdown cells (``ASSERT_WORDS_PENDING``
-    aside)."""
-    found = [problem for cell in notebook["cells"] if cell["cell_type"] == "markdown"
-             for problem in assert_words("".join(cell["source"]))]
-    if stem in ASSERT_WORDS_PENDING:
-        return [] if found else [
-            "ASSERT_WORDS_PENDING lists the page, but its prose no longer says it"]
-    return found
+def notebook_assert_words(notebook: dict) -> list[str]:
+    """:func:`assert_words` of a notebook's markdown cells."""
+    return [problem for cell in notebook["cells"] if cell["cell_type"] == "markdown"
+            for problem in assert_words("".join(cell["source"]))]
 
 
 # ---------------------------------------------------------------------------- rendered pages

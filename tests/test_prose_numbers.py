@@ -680,10 +680,3 @@ def test_python_s_assert_in_code_and_outputs_is_not_prose():
     assert checker.markdown_page_problems("The `assert` statement is Python's.") == []
     page = _page("It is exact.", output="asserted: the assert held", code="assert ok")
     assert checker.page_problems("09_x", page) == []
-
-
-def test_a_pending_page_is_spared_until_its_prose_is_reworded():
-    stem = sorted(checker.ASSERT_WORDS_PENDING)[0]
-    assert checker.page_problems(stem, _page("Exact (asserted).")) == []
-    assert checker.page_problems(stem, _page("Exact (checked).")) == [
-        "ASSERT_WORDS_PENDING lists the page, but its prose no longer says it"]
