@@ -667,7 +667,8 @@ def test_stderr_the_page_removes_is_not_read_as_shown(tags, flagged):
     ("the cell asserts that both gaps are below 0.01", "the cell checks that both gaps are small"),
 ])
 def test_the_tests_vocabulary_in_prose_fails_and_its_rewrite_passes(written, rewritten):
-    """The round-6 read: "asserted" on reference pages and in chapters. Code is not prose."""
+    """The tests' vocabulary ("asserted", "the assert") in prose is flagged; its rewrite in a
+    reader's words ("the cell checks ... and stops if not") is not. Code is not prose."""
     assert checker.markdown_page_problems(written), written
     assert checker.markdown_page_problems(rewritten) == [], rewritten
     assert checker.page_problems("09_x", _page(written)), written

@@ -81,7 +81,7 @@ class NonFinitePolicy:
     ``"skip_window"``, are instances of this class, looked up by name. A policy of your own is
     one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
     of the methods below, which the window rule calls (in the compiled step, except
-    ``fit_logs``).
+    ``fit_logs``; not under a ``LossScaleOptimizer``, which checks the window itself).
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
@@ -141,12 +141,14 @@ class NonFinitePolicy:
 
     def on_skip(self, stop: Stop, bad: tf.Tensor, window, counters,
                 present: Sequence[int]) -> None:
-        """Run at the close of a skipped window (non-finite, empty, or any window while
-        training is stopped); a ``freeze`` policy records the first bad one in ``stop``.
+        """Run at the close of a skipped window (non-finite, condemned by a flagged
+        micro-batch, empty, or any window while training is stopped); a ``freeze`` policy
+        records the first bad one in ``stop``.
 
         Args:
             stop: the state's stop record (where ``"raise"`` keeps the bad window's position).
-            bad: bool scalar: the window's gradient sums are not finite.
+            bad: bool scalar: the window is bad (its gradient sums or weight are not
+                finite, or a flagged micro-batch condemned it).
             window: the window's variables (its accumulators, weight and micro-batch count).
             counters: the state's run-long counters (windows and micro-batches seen).
             present: the indices of the accumulators that received a gradient.

@@ -508,7 +508,8 @@ class AccumTrainer:
             batch_size: samples per batch for arrays (default 32, as in Keras): B with
                 ``micro_batch_size=b`` (split into micro-batches of b), the micro-batch with
                 ``accum_steps=K``; b under the deprecated ``effective_batch_size=B,
-                micro_batch_size=b`` (its default; another value raises).
+                micro_batch_size=b`` (its default; another value raises). Arrays only:
+                with a dataset it raises (batch the dataset instead).
             epochs: number of epochs.
             shuffle: arrays only: ``True`` (default) draws a new order every epoch from
                 TensorFlow's global seed (after ``keras.utils.set_random_seed``, the same
