@@ -274,3 +274,27 @@ def test_roundoff_ratio_is_the_difference_in_units_of_the_largest_control():
         ex.roundoff_ratio(1e-3, [])
     assert ex.roundoff_ratio(0.0, [0.0, 0.0]) == 0.0  # bit-for-bit, like the controls
     assert ex.roundoff_ratio(1e-9, [0.0]) == float("inf")
+
+
+def test_roundoff_verdict_states_the_ratio_and_the_rule():
+    rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
+    assert ex.roundoff_verdict(3.2e-4, [1e-4, 2e-4]) == (
+        f"1.6 times the larger reordering control: within {rule}")
+    assert ex.roundoff_verdict(2e-4, [2e-4]) == (
+        f"1.00 times the reordering control: within {rule}")  # never "1 times"
+    assert ex.roundoff_verdict(1e-5, [1e-4, 2e-4, 3e-4]).startswith(
+        "0.033 times the largest reordering control: within")
+    at_rule = ex.roundoff_verdict(ex.ROUNDOFF_FACTOR * 1e-4, [1e-4])
+    assert at_rule.endswith(f"within {rule}")
+    beyond = ex.roundoff_verdict(3e-3, [1e-4, 2e-4], beyond="not the same update")
+    assert beyond == (f"15 times the larger reordering control: more than {rule} allows; "
+                      "not the same update")
+    assert "unused" not in ex.roundoff_verdict(1e-4, [2e-4], beyond="unused")
+    # controls that reproduce the reference bit for bit
+    assert ex.roundoff_verdict(0.0, [0.0, 0.0]) == (
+        f"equal to its reference, as the reordering controls are: within {rule}")
+    assert ex.roundoff_verdict(1e-9, [0.0]) == (
+        "not equal to its reference, though the reordering controls are: more than "
+        f"{rule} allows")
+    with pytest.raises(ValueError, match="controls"):
+        ex.roundoff_verdict(1e-3, [])

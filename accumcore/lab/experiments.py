@@ -249,6 +249,42 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     return float(difference) / largest
 
 
+def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
+    """The book's round-off rule in words: ``difference`` against the reordering controls.
+
+    Args:
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
+        controls: how far the reordering controls end from the same reference; at least one.
+        beyond: what a difference beyond the rule means on the calling page, appended after
+            a semicolon (nothing if empty).
+
+    Returns:
+        e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
+        most 10 times)" (:func:`roundoff_ratio` to two significant digits; "the reordering
+        control" for one control, "the larger" for two, "the largest" for more), or "... more
+        than the book's round-off rule allows (at most 10 times)" beyond
+        :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its reference, as the
+        reordering controls are" or "not equal to its reference, though the reordering controls
+        are: more than ...".
+    """
+    values = [float(c) for c in controls]
+    ratio = roundoff_ratio(difference, values)
+    rule = f"the book's round-off rule (at most {ROUNDOFF_FACTOR} times)"
+    if ratio == 0 and max(values) == 0:
+        return f"equal to its reference, as the reordering controls are: within {rule}"
+    within = ratio <= ROUNDOFF_FACTOR
+    verdict = f"within {rule}" if within else f"more than {rule} allows"
+    if math.isinf(ratio):
+        verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
+    else:
+        which = ("the reordering control" if len(values) == 1 else
+                 "the larger reordering control" if len(values) == 2 else
+                 "the largest reordering control")
+        shown = f"{ratio:.2g}" if f"{ratio:.2g}" != "1" else f"{ratio:.2f}"  # never "1 times"
+        verdict = f"{shown} times {which}: {verdict}"
+    return verdict if within or not beyond else f"{verdict}; {beyond}"
+
+
 def reordered(batch: Sequence, how: str, seed: int = 0) -> tuple:
     """``batch`` (a tuple of arrays with one row per sample) with its samples in another order.
 
