@@ -989,6 +989,15 @@ def count_by_tie(a: Sequence[float], b: Sequence[float], tie: float) -> tuple[in
     return signs.count(-1), signs.count(0), signs.count(1)
 
 
+def tie_counts_sentence(window: Sequence[float], stock: Sequence[float], tie: float) -> str:
+    """How often stock BN scored higher than window-level BN beyond ``tie``, tied, and lower,
+    over the seeds (accuracies as fractions, the i-th of each from seed i; :func:`count_by_tie`):
+    the counts clause of :func:`batchnorm_advice`."""
+    stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
+    return (f"stock BN scored higher beyond the tie threshold on {stock_higher} of "
+            f"{len(window)} seeds, tied on {tied} and lower on {window_higher}")
+
+
 #: The cases of :func:`batchnorm_advice`.
 BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "no consistent difference",
                           "normalisation")
@@ -1027,8 +1036,7 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
             "normalisation (GroupNormalization, LayerNormalization)")
     stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
-    counts = (f"stock BN scored higher beyond the tie threshold on {stock_higher} of {seeds} "
-              f"seeds, tied on {tied} and lower on {window_higher}")
+    counts = tie_counts_sentence(window, stock, tie)
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
                   f"it on every seed, at most the tie threshold of {100 * tie:.2f}); {counts}")
     if stock_higher == seeds:
