@@ -289,6 +289,8 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     beyond = ex.roundoff_verdict(3e-3, [1e-4, 2e-4], beyond="not the same update")
     assert beyond == (f"15 times the larger reordering control: more than {rule} allows; "
                       "not the same update")
+    assert ex.roundoff_verdict(3e-2, [1e-4, 2e-4]).startswith("150 times the larger")
+    assert ex.roundoff_verdict(2.5e-1, [1e-6]).startswith("250,000 times the reordering")
     assert "unused" not in ex.roundoff_verdict(1e-4, [2e-4], beyond="unused")
     # controls that reproduce the reference bit for bit
     assert ex.roundoff_verdict(0.0, [0.0, 0.0]) == (
