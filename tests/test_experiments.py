@@ -280,8 +280,8 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
     assert ex.roundoff_verdict(3.2e-4, [1e-4, 2e-4]) == (
         f"1.6 times the larger reordering control: within {rule}")
-    assert ex.roundoff_verdict(2e-4, [2e-4]) == (
-        f"1.00 times the reordering control: within {rule}")  # never "1 times"
+    assert ex.roundoff_verdict(2.001e-4, [2e-4]) == (  # never "1 times": it reads as "equal"
+        f"equal to the reordering control to two significant digits: within {rule}")
     assert ex.roundoff_verdict(1e-5, [1e-4, 2e-4, 3e-4]).startswith(
         "0.033 times the largest reordering control: within")
     at_rule = ex.roundoff_verdict(ex.ROUNDOFF_FACTOR * 1e-4, [1e-4])

@@ -261,9 +261,10 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
     Returns:
         e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
         most 10 times)" (:func:`roundoff_ratio` to two significant digits, whole numbers from
-        100; "the reordering control" for one control, "the larger" for two, "the largest"
-        for more), or "... more than the book's round-off rule (at most 10 times) allows"
-        beyond :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its
+        100, "equal to ... to two significant digits" when that rounds to 1; "the reordering
+        control" for one control, "the larger" for two, "the largest" for more), or "...
+        more than the book's round-off rule (at most 10 times) allows" beyond
+        :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its
         reference, as the reordering controls are: within ..." or "not equal to its
         reference, though the reordering controls are: more than ...".
     """
@@ -280,9 +281,11 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
                  "the largest reordering control")
-        shown = (f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}" if f"{ratio:.2g}" != "1"
-                 else f"{ratio:.2f}")  # never "1 times", nor "1.5e+02 times"
-        verdict = f"{shown} times {which}: {verdict}"
+        if f"{ratio:.2g}" == "1":  # "1 times" would read as "equal"; say so, to what digits
+            verdict = f"equal to {which} to two significant digits: {verdict}"
+        else:  # never "1.5e+02 times"
+            shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
+            verdict = f"{shown} times {which}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
 
