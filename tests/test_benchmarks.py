@@ -257,16 +257,43 @@ def test_breakdown_variants_all_run():
     assert all(c.run() > 0 for c in cases)
 
 
-def test_trace_counter_agrees_with_tf_function():
-    # The Python-side counter must count exactly the traces tf.function reports.
+def test_count_step_traces_counts_traces_not_calls():
+    x, y = bm.benchmark_data("mlp", 64, "synthetic")
+    model = bm.build_model("mlp", model_cls=ac.AccumModel, accum_steps=2)
+    model.compile(keras.optimizers.SGD(0.1), bm.LOSS)
+    traced = bm.count_step_traces(model)
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)  # 8 calls of the step
+    assert len(traced) == 1
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)  # the same graph
+    assert len(traced) == 1
+    assert int(model.optimizer.iterations) == 6  # the counted step is the one that trained
+
+
+def test_trainer_traces_reads_each_modes_compiled_function():
     x, y = bm.benchmark_data("mlp", 40, "synthetic")
-    loss = bm.TraceCountingLoss()
-    trainer = ac.AccumTrainer(bm.build_model("mlp"), keras.optimizers.SGD(0.1), loss,
+    trainer = ac.AccumTrainer(bm.build_model("mlp"), keras.optimizers.SGD(0.1), bm.LOSS,
                               accum_steps=2)
+    assert bm.trainer_traces(trainer, "function") == 0  # not made before the first micro-batch
+    ds = bm.batched_dataset(x, y, 16)  # 16, 16 and a ragged 8
     for _ in range(2):
-        for start in (0, 16, 32):  # batches of 16, 16 and a ragged 8
+        trainer.fit(ds, epochs=1, mode="function", verbose=0)
+    assert bm.trainer_traces(trainer, "function") == 1
+    assert bm.trainer_traces(trainer, "window") == 0
+    for _ in range(2):
+        for start in (0, 16, 32):  # batches of 16, 16 and a ragged 8: two shapes
             trainer.window_step(x[start:start + 16], y[start:start + 16])
-    assert loss.traces == trainer.compiled_function("window").experimental_get_tracing_count() == 2
+    assert bm.trainer_traces(trainer, "window") == 2
+    with pytest.raises(ValueError, match="eager"):
+        bm.trainer_traces(trainer, "eager")
+
+
+def test_count_traces_reports_every_entry_traced_in_the_first_epoch_only():
+    records = bm.count_traces(samples=40, b=8, k=2, epochs=2, xla=False)
+    assert [r["entry"] for r in records] == [
+        "AccumModel.fit", "AccumTrainer.fit(mode='function')",
+        "AccumTrainer.fit(mode='graph')", "AccumTrainer.window_step"]
+    for r in records:
+        assert r["ok"] and r["per_epoch"][1] == 0 and 1 <= r["total"] <= bm.MAX_TRACES, r
 
 
 # ---------------------------------------------------------------------------- analysis

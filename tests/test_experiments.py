@@ -274,3 +274,29 @@ def test_roundoff_ratio_is_the_difference_in_units_of_the_largest_control():
         ex.roundoff_ratio(1e-3, [])
     assert ex.roundoff_ratio(0.0, [0.0, 0.0]) == 0.0  # bit-for-bit, like the controls
     assert ex.roundoff_ratio(1e-9, [0.0]) == float("inf")
+
+
+def test_roundoff_verdict_states_the_ratio_and_the_rule():
+    rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
+    assert ex.roundoff_verdict(3.2e-4, [1e-4, 2e-4]) == (
+        f"1.6 times the larger reordering control: within {rule}")
+    assert ex.roundoff_verdict(2.001e-4, [2e-4]) == (  # never "1 times": it reads as "equal"
+        f"equal to the reordering control to two significant digits: within {rule}")
+    assert ex.roundoff_verdict(1e-5, [1e-4, 2e-4, 3e-4]).startswith(
+        "0.033 times the largest reordering control: within")
+    at_rule = ex.roundoff_verdict(ex.ROUNDOFF_FACTOR * 1e-4, [1e-4])
+    assert at_rule.endswith(f"within {rule}")
+    beyond = ex.roundoff_verdict(3e-3, [1e-4, 2e-4], beyond="not the same update")
+    assert beyond == (f"15 times the larger reordering control: more than {rule} allows; "
+                      "not the same update")
+    assert ex.roundoff_verdict(3e-2, [1e-4, 2e-4]).startswith("150 times the larger")
+    assert ex.roundoff_verdict(2.5e-1, [1e-6]).startswith("250,000 times the reordering")
+    assert "unused" not in ex.roundoff_verdict(1e-4, [2e-4], beyond="unused")
+    # controls that reproduce the reference bit for bit
+    assert ex.roundoff_verdict(0.0, [0.0, 0.0]) == (
+        f"equal to its reference, as the reordering controls are: within {rule}")
+    assert ex.roundoff_verdict(1e-9, [0.0]) == (
+        "not equal to its reference, though the reordering controls are: more than "
+        f"{rule} allows")
+    with pytest.raises(ValueError, match="controls"):
+        ex.roundoff_verdict(1e-3, [])

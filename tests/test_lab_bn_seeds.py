@@ -54,6 +54,15 @@ def test_count_by_tie_counts_each_seed_once():
         ex.count_by_tie([0.9, 0.9], [0.9], tie=0.005)
 
 
+def test_tie_counts_sentence_is_the_advices_counts_clause():
+    window, stock = [0.9533, 0.9725, 0.9663], [0.9690, 0.9748, 0.9610]
+    sentence = ex.tie_counts_sentence(window, stock, tie=0.0037)
+    assert sentence == ("stock BN scored higher beyond the tie threshold on 1 of 3 seeds, tied "
+                        "on 1 and lower on 1")
+    _, advice = ex.batchnorm_advice(window, stock, window, tie=0.0037)
+    assert sentence in advice
+
+
 def test_batchnorm_advice_needs_one_accuracy_per_seed_each():
     with pytest.raises(ValueError, match="one accuracy per seed"):
         ex.batchnorm_advice([0.95, 0.96], [0.95], [0.95, 0.96], tie=0.005)

@@ -191,3 +191,24 @@ def test_curves_style_start_draws_each_series_in_a_later_series_style():
     assert [(line.get_color(), line.get_linestyle(), line.get_marker())
             for line in gaps.get_lines()] == style[1:]
     assert style[0] != style[1]  # the default start is the first style
+
+
+def test_gap_points_put_one_point_per_row_on_a_log_axis_with_a_marker_per_kind():
+    gaps = {"BatchNorm": (0.3, "weights"), "moving mean": (2e-2, "statistics"),
+            "Embedding": (1e-3, "weights")}
+    ax = plotting.gap_points(None, gaps, title="Gaps", xlabel="gap (log scale)",
+                             reference_line=1e-5, reference_label="tolerance")
+    assert ax.get_xscale() == "log" and ax.get_title() == "Gaps"
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(gaps)
+    assert sorted(_legend_texts(ax)) == ["statistics", "tolerance", "weights"]
+    points = {tuple(p) for c in ax.collections for p in c.get_offsets()}
+    assert points == {(0.3, 0), (2e-2, 1), (1e-3, 2)}  # each value on its own row
+    colours = [mcolors.to_hex(c.get_facecolor()[0]) for c in ax.collections]
+    assert colours == [mcolors.to_hex(plotting.OKABE_ITO[0]),
+                       mcolors.to_hex(plotting.OKABE_ITO[1])]
+    assert [t.get_text() for t in ax.texts] == ["0.3", "0.02", "0.001"]
+    assert ax.get_xlim()[0] == pytest.approx(1e-5 / 3)  # the reference line is in view
+    with pytest.raises(ValueError, match="positive"):
+        plotting.gap_points(None, {"zero": (0.0, "weights")}, title="t", xlabel="x")
+    with pytest.raises(ValueError, match="title"):
+        plotting.gap_points(None, gaps, title="", xlabel="x")

@@ -227,28 +227,27 @@ def batched_dataset(x: np.ndarray, y: np.ndarray, batch: int) -> tf.data.Dataset
 
 
 # ---------------------------------------------------------------------------- tracing
-class TraceCountingLoss(keras.losses.SparseCategoricalCrossentropy):
-    """Sparse cross-entropy that counts the calls made while a graph is being traced."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.traces = 0
-
-    def call(self, y_true, y_pred):
-        if not tf.executing_eagerly():
-            self.traces += 1
-        return super().call(y_true, y_pred)
+#: The ``AccumTrainer.compiled_function`` entry each compiled mode runs: ``fit(mode=...)``'s
+#: "function" and "graph", and "window" for ``window_step``. ``mode="eager"`` compiles nothing.
+COMPILED_ENTRY: dict[str, str] = {"function": "micro_batch", "graph": "epoch", "window": "window"}
 
 
-class TraceCountingAccumModel(AccumModel):
-    """``AccumModel`` counting how often ``train_step`` is traced (benchmark helper)."""
+def trainer_traces(trainer: AccumTrainer, mode: str) -> int:
+    """Traces so far of the ``tf.function`` ``trainer`` runs for ``mode`` (a key of
+    :data:`COMPILED_ENTRY`); 0 before that function is made (the micro-step is made on the
+    first compiled micro-batch).
 
-    traces = 0
-
-    def train_step(self, data):
-        if not tf.executing_eagerly():
-            TraceCountingAccumModel.traces += 1
-        return super().train_step(data)
+    Raises:
+        ValueError: for a ``mode`` that compiles nothing or does not exist.
+    """
+    if mode not in COMPILED_ENTRY:
+        raise ValueError(f"mode={mode!r} runs no compiled function; use one of "
+                         f"{sorted(COMPILED_ENTRY)}.")
+    try:
+        function = trainer.compiled_function(COMPILED_ENTRY[mode])
+    except ValueError:  # the mode is checked above: its function is not made yet
+        return 0
+    return function.experimental_get_tracing_count()
 
 
 def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
@@ -277,22 +276,22 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
         })
 
     # AccumModel.fit (numpy input, Keras's own batching: the last batch is ragged)
-    TraceCountingAccumModel.traces = 0
-    model = build_model("mlp", model_cls=TraceCountingAccumModel, accum_steps=k)
+    model = build_model("mlp", model_cls=AccumModel, accum_steps=k)
     model.compile(keras.optimizers.Adam(1e-3), LOSS)
+    traced = count_step_traces(model)
     counts = []
     for _ in range(epochs):
         model.fit(x, y, batch_size=b, epochs=1, verbose=0, shuffle=False)
-        counts.append(TraceCountingAccumModel.traces)
+        counts.append(len(traced))
     record("AccumModel.fit", counts)
     # AccumTrainer loops: the traces of the tf.function each runs (`compiled_function`)
-    for mode, entry in (("function", "micro_batch"), ("graph", "epoch")):
+    for mode in ("function", "graph"):
         trainer = AccumTrainer(build_model("mlp"), keras.optimizers.Adam(1e-3), LOSS,
                                accum_steps=k)
         counts = []
         for _ in range(epochs):
             trainer.fit(ds_b, epochs=1, mode=mode, verbose=0)
-            counts.append(trainer.compiled_function(entry).experimental_get_tracing_count())
+            counts.append(trainer_traces(trainer, mode))
         record(f"AccumTrainer.fit(mode='{mode}')", counts)
     for jit in (False, True) if xla else (False,):
         trainer = AccumTrainer(build_model("mlp"), keras.optimizers.Adam(1e-3), LOSS,
@@ -301,7 +300,7 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
         for _ in range(epochs):
             for xb, yb in ds_big:
                 trainer.window_step(xb, yb)
-            counts.append(trainer.compiled_function("window").experimental_get_tracing_count())
+            counts.append(trainer_traces(trainer, "window"))
         record("AccumTrainer.window_step" + (" (XLA)" if jit else ""), counts)
     return records
 

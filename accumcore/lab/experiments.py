@@ -249,6 +249,46 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     return float(difference) / largest
 
 
+def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
+    """The book's round-off rule in words: ``difference`` against the reordering controls.
+
+    Args:
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
+        controls: how far the reordering controls end from the same reference; at least one.
+        beyond: what a difference beyond the rule means on the calling page, appended after
+            a semicolon (nothing if empty).
+
+    Returns:
+        e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
+        most 10 times)" (:func:`roundoff_ratio` to two significant digits, whole numbers from
+        100, "equal to ... to two significant digits" when that rounds to 1; "the reordering
+        control" for one control, "the larger" for two, "the largest" for more), or "...
+        more than the book's round-off rule (at most 10 times) allows" beyond
+        :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its
+        reference, as the reordering controls are: within ..." or "not equal to its
+        reference, though the reordering controls are: more than ...".
+    """
+    values = [float(c) for c in controls]
+    ratio = roundoff_ratio(difference, values)
+    rule = f"the book's round-off rule (at most {ROUNDOFF_FACTOR} times)"
+    if ratio == 0 and max(values) == 0:
+        return f"equal to its reference, as the reordering controls are: within {rule}"
+    within = ratio <= ROUNDOFF_FACTOR
+    verdict = f"within {rule}" if within else f"more than {rule} allows"
+    if math.isinf(ratio):
+        verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
+    else:
+        which = ("the reordering control" if len(values) == 1 else
+                 "the larger reordering control" if len(values) == 2 else
+                 "the largest reordering control")
+        if f"{ratio:.2g}" == "1":  # "1 times" would read as "equal"; say so, to what digits
+            verdict = f"equal to {which} to two significant digits: {verdict}"
+        else:  # never "1.5e+02 times"
+            shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
+            verdict = f"{shown} times {which}: {verdict}"
+    return verdict if within or not beyond else f"{verdict}; {beyond}"
+
+
 def reordered(batch: Sequence, how: str, seed: int = 0) -> tuple:
     """``batch`` (a tuple of arrays with one row per sample) with its samples in another order.
 
@@ -953,6 +993,15 @@ def count_by_tie(a: Sequence[float], b: Sequence[float], tie: float) -> tuple[in
     return signs.count(-1), signs.count(0), signs.count(1)
 
 
+def tie_counts_sentence(window: Sequence[float], stock: Sequence[float], tie: float) -> str:
+    """How often stock BN scored higher than window-level BN beyond ``tie``, tied, and lower,
+    over the seeds (accuracies as fractions, the i-th of each from seed i; :func:`count_by_tie`):
+    the counts clause of :func:`batchnorm_advice`."""
+    stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
+    return (f"stock BN scored higher beyond the tie threshold on {stock_higher} of "
+            f"{len(window)} seeds, tied on {tied} and lower on {window_higher}")
+
+
 #: The cases of :func:`batchnorm_advice`.
 BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "no consistent difference",
                           "normalisation")
@@ -991,8 +1040,7 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
             "normalisation (GroupNormalization, LayerNormalization)")
     stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
-    counts = (f"stock BN scored higher beyond the tie threshold on {stock_higher} of {seeds} "
-              f"seeds, tied on {tied} and lower on {window_higher}")
+    counts = tie_counts_sentence(window, stock, tie)
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
                   f"it on every seed, at most the tie threshold of {100 * tie:.2f}); {counts}")
     if stock_higher == seeds:

@@ -288,3 +288,58 @@ def bars(
         # Outside the axes, to the right: a legend inside can cover a bar.
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return ax
+
+
+def gap_points(
+    ax: Axes | None,
+    gaps: Mapping[str, tuple[float, str]],
+    *,
+    title: str,
+    xlabel: str,
+    reference_line: float | None = None,
+    reference_label: str = "reference",
+) -> Axes:
+    """Positive values on a log x axis as points, one row per entry (on a log axis a bar's
+    length would mean nothing), each annotated with its value to two significant digits.
+
+    Args:
+        ax: the axes to draw on, or ``None`` for a new figure.
+        gaps: ``{row label: (value, kind)}``, the first row on top; one marker and colour
+            per kind, in the order kinds first appear, named in the legend (below the axes).
+        title, xlabel: required texts; put the values' unit in ``xlabel``.
+        reference_line: draw a dashed vertical line at this value (e.g. a tolerance).
+        reference_label: its legend entry.
+
+    Returns:
+        The axes.
+
+    Raises:
+        ValueError: for empty ``gaps``, a value that is not positive, or a missing text.
+    """
+    _require_text(title=title, xlabel=xlabel)
+    values = [float(value) for value, _ in gaps.values()]
+    if not values or min(values) <= 0:
+        raise ValueError(f"`gaps` needs at least one entry and positive values, got {values}.")
+    ax = _axes(ax, figsize=(8.0, max(3.0, 0.25 * len(gaps) + 1.7)))
+    rows = np.arange(len(gaps))
+    kinds = list(dict.fromkeys(kind for _, kind in gaps.values()))
+    markers = ("o", "s", "^", "D", "v")
+    for i, kind in enumerate(kinds):
+        mine = [r for r, (_, k) in zip(rows, gaps.values()) if k == kind]
+        ax.scatter([values[r] for r in mine], mine, marker=markers[i % len(markers)],
+                   color=color(i), label=kind, zorder=3)
+    for r, value in zip(rows, values):
+        ax.annotate(f"{value:.2g}", (value, r), xytext=(7, 0), textcoords="offset points",
+                    va="center")
+    if reference_line is not None:
+        ax.axvline(reference_line, color="black", linestyle="--", linewidth=1,
+                   label=reference_label)
+    ax.set_xscale("log")
+    low = min(values + ([reference_line] if reference_line is not None else []))
+    ax.set_xlim(low / 3, 10 * max(values))
+    ax.set_yticks(rows, list(gaps))
+    ax.invert_yaxis()  # first row on top
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set(title=title, xlabel=xlabel)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize="small")
+    return ax
