@@ -82,6 +82,8 @@ class NonFinitePolicy:
     one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
     of the methods below, which the window rule calls (in the compiled step, except
     ``fit_logs``; not under a ``LossScaleOptimizer``, which checks the window itself).
+    ``stopped`` and ``on_skip`` keep the stop record that ``freeze`` sets (an internal
+    object): set ``freeze`` rather than override them.
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
@@ -108,7 +110,7 @@ class NonFinitePolicy:
 
     def admit(self, grads: Sequence, weight: tf.Tensor, accept: Callable[[], None],
               flag: Callable[[], None]) -> tf.Tensor:
-        """Add one micro-batch, or flag it when :attr:`should_skip` says so.
+        """Add one micro-batch, or flag it when ``should_skip`` says so.
 
         Args:
             grads: its gradients (of its summed loss), one per trainable variable.
