@@ -227,8 +227,9 @@ def batched_dataset(x: np.ndarray, y: np.ndarray, batch: int) -> tf.data.Dataset
 
 
 # ---------------------------------------------------------------------------- tracing
-#: The ``AccumTrainer.compiled_function`` entry each compiled mode runs: ``fit(mode=...)``'s
-#: "function" and "graph", and "window" for ``window_step``. ``mode="eager"`` compiles nothing.
+#: For each compiled mode (``fit(mode=...)``'s "function" and "graph", and "window" for
+#: ``window_step``), the ``AccumTrainer.compiled_function`` entry it runs. ``mode="eager"``
+#: compiles nothing.
 COMPILED_ENTRY: dict[str, str] = {"function": "micro_batch", "graph": "epoch", "window": "window"}
 
 
