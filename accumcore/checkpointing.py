@@ -19,10 +19,16 @@ from its first batch. With ``save_freq="epoch"`` that is exact (the checkpoint i
 epoch boundary; :class:`accumcore.AccumModel` saves a carried partial window with the weights).
 With an integer ``save_freq`` the batches trained between the epoch start and the checkpoint
 are trained a second time, so the result differs from an uninterrupted run.
-:class:`ExactBackupAndRestore` fixes that with public APIs only: it records how many batches
-of the epoch the checkpoint already contains and turns exactly those batches into no-ops when
-``fit`` replays them (the data are still read, so the order of later batches is unchanged).
+:class:`ExactBackupAndRestore` fixes that: it records how many batches of the epoch the
+checkpoint already contains and turns exactly those batches into no-ops when ``fit`` replays
+them (the data are still read, so the order of later batches is unchanged).
 :class:`SkipTrainedBatches` does the same after reloading a mid-epoch ``ModelCheckpoint``.
+Both replace ``model.train_function`` (the function ``fit`` builds and calls once per
+``steps_per_execution`` batches) with a wrapper that reads the batches and returns
+``model.get_metrics_result()`` while skipping, and put it back when ``fit`` ends; the rest is
+Keras's callback hooks, ``save_weights`` and ``load_weights``. ``train_function`` is a
+``keras.Model`` attribute, not a documented extension point: a Keras release that changes how
+``fit`` calls it can break the skipping (tested on Keras 3.13 and 3.15).
 
 Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
 the checkpointed ``tf.data`` iterator carries its shuffle buffer and (on the supported
@@ -35,7 +41,8 @@ reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``mod
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
 holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (in Keras
 3.13 and 3.15, the tested versions) for ``fit(x, y, shuffle=True)`` with arrays after
-``keras.utils.set_random_seed``, which then uses the *same* permutation in every epoch.
+``keras.utils.set_random_seed``, which then uses the *same* permutation in every epoch: that
+changes the training itself (no epoch gets a new order), not only the resume.
 Without a global seed the permutation differs between processes and no resume is exact.
 """
 

@@ -71,15 +71,16 @@ class MicroBatchPlan:
 def accum_steps_for(
     target_batch_size: int, max_micro_batch: int, *, exact: bool = True
 ) -> tuple[int, int]:
-    """``(K, b)``: the fewest micro-batches K of at most ``max_micro_batch`` samples reaching B.
+    """``(K, b)``: K micro-batches of b <= ``max_micro_batch`` samples per update of B samples.
 
     Args:
         target_batch_size: B, samples per optimizer update.
         max_micro_batch: the largest micro-batch that fits (samples).
-        exact: if True (default), K divides B and b = B / K (K is the smallest divisor of B
-            with B / K <= max_micro_batch); if False, K = ceil(B / max_micro_batch) and
-            b = ceil(B / K), the fewest micro-batches. The book's Reference page "Choosing b
-            and K" says what an update then holds.
+        exact: if True (default), b divides B exactly: K is the smallest divisor of B with
+            B / K <= max_micro_batch, which can be more micro-batches than needed (16 of 256
+            below, not 13); if False, K = ceil(B / max_micro_batch), the fewest micro-batches,
+            and b = ceil(B / K), so K * b can exceed B (13 * 316 = 4108 below). The book's
+            Reference page "Choosing b and K" says what an update then holds.
 
     Example:
         >>> accum_steps_for(4096, 320)

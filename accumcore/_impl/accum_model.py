@@ -157,24 +157,25 @@ class AccumModel(keras.Model):
 
     Args:
         *args: as for ``keras.Model`` (``inputs, outputs`` for the functional form).
-        micro_batch_size: b: ``fit(batch_size=B)`` then makes one update per batch of B,
-            split into micro-batches of at most b samples inside the train step; ``"auto"``:
-            the largest b that fits (see :func:`~accumcore.accumulate`). Not with
-            ``accum_steps``.
-        accum_steps: K, micro-batches per optimizer update (the ``batch_size`` given to ``fit``
-            is the micro-batch size b; the effective batch is K * b). This or
+        micro_batch_size (int | str | None): b: ``fit(batch_size=B)`` then makes one update
+            per batch of B, split into micro-batches of at most b samples inside the train
+            step; ``"auto"``: the largest b that fits (see :func:`~accumcore.accumulate`).
+            Not with ``accum_steps``.
+        accum_steps (int | None): K, micro-batches per optimizer update (the ``batch_size``
+            given to ``fit`` is the micro-batch size b; the effective batch is K * b). This or
             ``micro_batch_size`` is required: without either, ``fit`` / ``train_on_batch``
             raise ``ValueError`` (pass ``accum_steps=1`` for no accumulation); construction
             does not (``clone_model`` and ``load_model`` pass the settings afterwards), and
             ``set_accumulation(accum_steps=K)`` sets it too.
-        end_of_epoch: ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
-        nonfinite: ``"raise"`` (default), ``"skip_micro_batch"``, ``"skip_window"`` or a
-            :class:`~accumcore.NonFinitePolicy` (a custom one cannot be serialised).
-        normalizer: ``"auto"`` (default: each micro-batch weighted by what the compiled loss
-            divided it by: its samples, its sample-weight sum, or its valid elements under a
-            Keras mask or ``ignore_class``), ``"samples"`` / ``"sample_weight"`` (checked
-            against that denominator), or a callable ``(x, y, sample_weight) -> item count``,
-            used as given.
+        end_of_epoch (str): ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
+        nonfinite (str | ~accumcore.NonFinitePolicy): ``"raise"`` (default),
+            ``"skip_micro_batch"``, ``"skip_window"`` or a policy object (a custom one cannot
+            be serialised).
+        normalizer (str | ~collections.abc.Callable): ``"auto"`` (default: each micro-batch
+            weighted by what the compiled loss divided it by: its samples, its sample-weight
+            sum, or its valid elements under a Keras mask or ``ignore_class``), ``"samples"``
+            / ``"sample_weight"`` (checked against that denominator), or a callable
+            ``(x, y, sample_weight) -> item count``, used as given.
         **kwargs: ``keras.Model``'s own keywords (e.g. ``name``); any other raises
             ``TypeError`` naming it and the valid ones.
 

@@ -82,8 +82,8 @@ class NonFinitePolicy:
     one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
     of the methods below, which the window rule calls (in the compiled step, except
     ``fit_logs``; not under a ``LossScaleOptimizer``, which checks the window itself).
-    ``stopped`` and ``on_skip`` keep the stop record that ``freeze`` sets (an internal
-    object): set ``freeze`` rather than override them.
+    ``stopped`` and ``on_skip`` hold the record the built-in ``freeze`` keeps; a policy of
+    your own sets ``freeze`` instead of overriding them.
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
@@ -92,10 +92,11 @@ class NonFinitePolicy:
             :class:`~accumcore.NonFiniteGradientError` from Python, and every window after it
             is discarded until the stop is cleared.
         skip_window: a bad window is discarded whole (counted in ``windows_skipped``).
-        should_skip: ``f(grads, weight) -> bool scalar``, checked on every micro-batch's
-            gradients (of its summed loss) and weight: ``True`` leaves that micro-batch out
-            (counted in ``micro_batches_skipped``), or condemns its window under ``freeze`` or
-            ``skip_window``. ``None``: no micro-batch is checked; the window is, at its close.
+        should_skip (~collections.abc.Callable | None): ``f(grads, weight) -> bool scalar``,
+            checked on every micro-batch's gradients (of its summed loss) and weight: ``True``
+            leaves that micro-batch out (counted in ``micro_batches_skipped``), or condemns its
+            window under ``freeze`` or ``skip_window``. ``None``: no micro-batch is checked;
+            the window is, at its close.
     """
 
     name: str

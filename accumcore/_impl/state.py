@@ -469,8 +469,8 @@ class AccumulationState(tf.Module):
     def discard_window_layers(self) -> None:
         """Empty what window-level layers (``WindowBatchNormalization``'s window moments,
         variables outside the model's) pooled in the open window; the accumulators and counts
-        stay. For a step that is run again (a probe of ``"auto"``, a step aborted by an
-        out-of-memory error): its rerun pools them again."""
+        stay. For a step that is run again (a trial step of ``micro_batch_size="auto"``, a
+        step aborted by an out-of-memory error): its rerun pools them again."""
         for hook in self.window_hooks:
             hook(False)
 

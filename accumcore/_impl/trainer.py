@@ -88,6 +88,9 @@ class AccumTrainer:
             ``ignore_class``; no division for ``"sum"``), ``"samples"`` or ``"sample_weight"``
             (checked against that), or a callable ``(x, y, sample_weight) -> item count``.
         jit_compile: compile the ``tf.function`` steps with XLA.
+        effective_batch_size: deprecated (warns): B in the old form
+            ``effective_batch_size=B, micro_batch_size=b``, which means ``accum_steps=B / b``
+            with batches of b; pass ``accum_steps`` or ``micro_batch_size`` instead.
 
     Attributes:
         model: the model given.

@@ -260,8 +260,9 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
     the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
     traces in each epoch: a trace after the first epoch means the function was built again),
-    ``total`` and ``ok``: traced in the first epoch only, at most ``MAX_TRACES`` (2) times
-    (the full and the ragged batch shape); ``False`` means it was rebuilt.
+    ``total`` and ``ok``: ``True`` when the function was traced in the first epoch only, at
+    most ``MAX_TRACES`` (2) times (the full and the ragged batch shape), as a compiled step
+    should be; ``False`` means it was built again, which costs time every epoch.
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)
@@ -569,8 +570,8 @@ def paired_ratio(reference: Sequence[float], seconds: Sequence[float], *,
     cancel a slow phase of a shared machine.
 
     Args:
-        reference, seconds: seconds of the reference and of the configuration, one per round,
-            in round order (the same number of rounds).
+        reference: seconds of the reference, one per round, in round order.
+        seconds: the configuration's seconds in the same rounds (as many as ``reference``).
         resamples: bootstrap resamplings of the rounds for the interval.
         seed: the resampling's seed (the interval is reproducible).
 
@@ -648,8 +649,9 @@ def paired_verdict(ratio: dict[str, float], *, faster: str, slower: str,
                    tie: str = "a tie", digits: int | None = 2) -> str:
     """The words for a :func:`paired_ratio`: ``faster`` when its whole 95 % interval lies
     above 1, ``slower`` when it lies below 1, ``tie`` when it contains 1 (the difference is
-    within what the rounds can resolve). The interval is judged rounded to ``digits`` decimals
-    (``None``: unrounded), as a page prints it, so that a printed "[0.71, 1.00]" is a tie."""
+    within what the rounds can resolve). The interval is rounded to ``digits`` decimals first
+    (``None``: unrounded), so the words match the interval you print with that many digits:
+    "[0.71, 1.00]" is a tie."""
     low, high = ratio["low"], ratio["high"]
     if digits is not None:
         low, high = round(low, digits), round(high, digits)

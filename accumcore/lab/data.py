@@ -62,8 +62,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
 
     Args:
         path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
-            the environment variable ``ACCUMCORE_MNIST_PATH``, which points the book's
-            notebooks (they pass no path) at a copy you have.
+            the environment variable ``ACCUMCORE_MNIST_PATH``: set it to your copy's path
+            before starting Jupyter to run the book's notebooks offline.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 

@@ -507,8 +507,8 @@ def train_compare(
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
         progress: called with that line too, also when ``verbose`` is false; the default
-            shows nothing on the page. Pass ``print`` or your own logger to follow a long run;
-            ``None``: not called.
+            prints nothing. Pass ``print`` or your own logger to follow a long run; ``None``:
+            not called.
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.

@@ -85,10 +85,13 @@ def curves(
         ax: the axes to draw on, or ``None`` for a new figure.
         series: ``{label: y}`` (``y`` shape ``(n,)``, plotted against ``x``) or
             ``{label: (x_i, y_i)}`` (each series with its own x values).
-        title, xlabel, ylabel: required texts; put units in the axis labels.
+        title: the axes' title (required).
+        xlabel: the x-axis label, with its unit (required).
+        ylabel: the y-axis label, with its unit (required).
         x: the shared x values (shape ``(n,)``) for series given as ``y`` only; defaults to
             ``0 .. n-1``.
-        logx, logy: logarithmic axes.
+        logx: logarithmic x axis.
+        logy: logarithmic y axis.
         markers: draw a marker at every point (off for long curves).
         legend_loc: passed to ``ax.legend``.
         style_start: the style (colour, line style, marker) of the first series; series ``i``
@@ -233,8 +236,10 @@ def bars(
         ax: the axes to draw on, or ``None`` for a new figure.
         groups: e.g. ``{"loss not rescaled": {"broken": 3.0, "accumcore": 2e-6}, ...}``; every
             group has the same series names (a missing one is drawn as no bar).
-        title, xlabel, ylabel: required texts; put units in the axis labels. With
-            ``horizontal=True`` the values run along x, so ``xlabel`` names the values.
+        title: the axes' title (required).
+        xlabel: the x-axis label, with its unit (required); with ``horizontal=True`` the
+            values run along x, so it names the values.
+        ylabel: the y-axis label, with its unit (required).
         logy: logarithmic *value* axis (for errors spanning many decades); x when horizontal.
         reference_line: draw a dashed line at this value (e.g. a tolerance).
         reference_label: its legend entry. The legend sits outside the axes, to the right
