@@ -25,8 +25,9 @@ them (the data are still read, so the order of later batches is unchanged).
 :class:`SkipTrainedBatches` does the same after reloading a mid-epoch ``ModelCheckpoint``.
 Both replace ``model.train_function`` (the function ``fit`` builds and calls once per
 ``steps_per_execution`` batches) with a wrapper that reads the batches and returns
-``model.get_metrics_result()`` while skipping, and put it back when ``fit`` ends; the rest is
-Keras's callback hooks, ``save_weights`` and ``load_weights``. ``train_function`` is a
+``model.get_metrics_result()`` while skipping, and put it back when ``fit`` ends; the rest
+of :class:`ExactBackupAndRestore` is Keras's callback hooks, ``optimizer.build``,
+``save_weights`` and ``load_weights``. ``train_function`` is a
 ``keras.Model`` attribute, not a documented extension point: a Keras release that changes how
 ``fit`` calls it can break the skipping (tested on Keras 3.13 and 3.15).
 

@@ -71,7 +71,8 @@ class MicroBatchPlan:
 def accum_steps_for(
     target_batch_size: int, max_micro_batch: int, *, exact: bool = True
 ) -> tuple[int, int]:
-    """``(K, b)``: K micro-batches of b <= ``max_micro_batch`` samples per update of B samples.
+    """``(K, b)``: K micro-batches of at most ``max_micro_batch`` samples for an update of B
+    (K * b == B with ``exact=True``; with ``exact=False`` K * b can exceed B by up to K - 1).
 
     Args:
         target_batch_size: B, samples per optimizer update.

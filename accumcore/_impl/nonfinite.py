@@ -82,8 +82,9 @@ class NonFinitePolicy:
     one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
     of the methods below, which the window rule calls (in the compiled step, except
     ``fit_logs``; not under a ``LossScaleOptimizer``, which checks the window itself).
-    ``stopped`` and ``on_skip`` hold the record the built-in ``freeze`` keeps; a policy of
-    your own sets ``freeze`` instead of overriding them.
+    ``stopped`` and ``on_skip`` read and write the state's stop record when ``freeze`` is
+    set; a policy of your own that should stop training sets ``freeze`` instead of
+    overriding them.
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).
