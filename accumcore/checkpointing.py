@@ -13,7 +13,7 @@ Custom loops (:class:`ResumableLoop`) keep all of it in one ``tf.train.Checkpoin
 by a ``tf.train.CheckpointManager``; the ``tf.data`` iterator itself is checkpointed, so the
 epoch continues with the next unseen micro-batch (shuffle buffers included).
 
-``model.fit`` cannot checkpoint its data iterator, and in Keras 3.13 and 3.15
+``model.fit`` cannot checkpoint its data iterator, and (Keras 3.13 and 3.15)
 ``keras.callbacks.BackupAndRestore`` restores the weights but restarts the interrupted epoch
 from its first batch. With ``save_freq="epoch"`` that is exact (the checkpoint is taken at an
 epoch boundary; :class:`accumcore.AccumModel` saves a carried partial window with the weights).
@@ -29,7 +29,7 @@ Both replace ``model.train_function`` (the function ``fit`` builds and calls onc
 of :class:`ExactBackupAndRestore` is Keras's callback hooks, ``optimizer.build``,
 ``save_weights`` and ``load_weights``. ``train_function`` is a
 ``keras.Model`` attribute, not a documented extension point: a Keras release that changes how
-``fit`` calls it can break the skipping (tested on Keras 3.13 and 3.15).
+``fit`` calls it can break the skipping (the library's tests check it on Keras 3.13 and 3.15).
 
 Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
 the checkpointed ``tf.data`` iterator carries its shuffle buffer and (on the supported
@@ -40,8 +40,8 @@ seed (``keras.utils.set_random_seed``) is set at the start of the restarted proc
 callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
 reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
-holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (in Keras
-3.13 and 3.15, the tested versions) for ``fit(x, y, shuffle=True)`` with arrays after
+holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (Keras
+3.13 and 3.15) for ``fit(x, y, shuffle=True)`` with arrays after
 ``keras.utils.set_random_seed``, which then uses the *same* permutation in every epoch: that
 changes the training itself (no epoch gets a new order), not only the resume.
 Without a global seed the permutation differs between processes and no resume is exact.

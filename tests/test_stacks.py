@@ -107,7 +107,8 @@ def test_the_stacks_are_read_from_the_script():
 
 
 def test_the_versions_page_has_one_row_per_tested_stack_saying_its_python_and_what_it_is():
-    table = _section((ROOT / "book/reference/versions.md").read_text(), "Tested versions")
+    table = _section((ROOT / "book/reference/versions.md").read_text(),
+                     "The two stacks it runs on")
     rows = [line for line in table.splitlines()
             if line.startswith("| `tensorflow")]
     assert len(rows) == len(stacks()), rows  # no row for a stack no longer tested
