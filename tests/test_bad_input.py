@@ -5,6 +5,8 @@ lists the same cases.
 
 from __future__ import annotations
 
+import inspect
+import re
 import warnings
 
 import keras
@@ -128,7 +130,9 @@ def test_target_batch_not_a_multiple_of_the_micro_batch():
                                          "`micro_batch_size`=16.*effective_batch_size=112"):
         ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=100,
                         micro_batch_size=16)
-    # ...and the documented way out rounds K up.
+    # resolve_accum_steps names its own way out, exact=False, which rounds K up
+    with pytest.raises(ValueError, match="`exact=False`"):
+        ac.resolve_accum_steps(effective_batch_size=100, micro_batch_size=16)
     assert ac.resolve_accum_steps(effective_batch_size=100, micro_batch_size=16,
                                   exact=False) == 7
 
@@ -415,3 +419,17 @@ def test_exact_backup_rejects_bad_save_freq_and_a_wrong_initial_epoch(tmp_path, 
                                          "epoch 1: pass `initial_epoch="):
         model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0,
                   callbacks=[ExactBackupAndRestore(tmp_path / "b", save_freq=2)])
+
+
+def test_the_trainers_message_names_only_calls_the_trainer_has():
+    """AccumTrainer has no ``exact``: its message names its own parameters and ``fit``'s."""
+    with pytest.raises(ValueError, match="not a multiple") as info:
+        ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=100,
+                        micro_batch_size=16)
+    message = str(info.value)
+    named = set(re.findall(r"(\w+)=", message))
+    assert named == {"effective_batch_size", "micro_batch_size", "batch_size"}, message
+    own = (set(inspect.signature(ac.AccumTrainer).parameters)
+           | set(inspect.signature(ac.AccumTrainer.fit).parameters))
+    assert named <= own and "exact" not in message, message
+    assert "micro_batch_size=16)` alone and `fit(x, y, batch_size=100)`" in message, message

@@ -164,7 +164,7 @@ def _io():
 def test_both_or_neither_setting_is_refused_and_one_replaces_the_other(data):
     with pytest.raises(ValueError, match="`accum_steps` or `micro_batch_size`, not both"):
         ac.accumulate(small_mlp(), accum_steps=4, micro_batch_size=16)
-    with pytest.raises(TypeError, match="micro_batch_size=b"):
+    with pytest.raises(ValueError, match="micro_batch_size=b"):
         ac.accumulate(small_mlp())
     model = _split_model()
     assert model.accumulation.micro_batch_size == b and model.accumulation.accum_steps == 1
@@ -893,12 +893,19 @@ def test_accum_trainer_checks_what_every_entry_point_checks(data):
     for bad, error in ((0, ValueError), (-1, ValueError), (2.0, TypeError)):
         with pytest.raises(error, match=r"`micro_batch_size` must be a positive int"):
             ac.AccumTrainer(small_mlp(), adam(), LOSS, micro_batch_size=bad)
-    with pytest.raises(TypeError, match="micro_batch_size=b"):
+    with pytest.raises(ValueError, match="micro_batch_size=b"):
         ac.AccumTrainer(small_mlp(), adam(), LOSS)
     with pytest.warns(FutureWarning, match=r"micro_batch_size=16\).*batch_size=64.*"
-                                           r"accum_steps=4"):
+                                           r"accum_steps=4") as caught:
         old = ac.AccumTrainer(small_mlp(), adam(), LOSS, effective_batch_size=64,
                               micro_batch_size=16)
+    # it says what dropping effective_batch_size alone does to fit's batch_size, and the call
+    text = " ".join(str(w.message) for w in caught if w.category is FutureWarning)
+    for said in ("`fit`'s `batch_size` is the micro-batch (16)",
+                 "with `micro_batch_size=16` alone, `batch_size` is the recipe's batch B",
+                 "change the call to `fit(x, y, batch_size=64)`",
+                 "`AccumTrainer(..., accum_steps=4)` and keep batches of 16"):
+        assert said in text, (said, text)
     assert (old.accum_steps, old.micro_batch_size) == (4, None)
     x, y = data
     assert old.fit(x, y, verbose=0).micro_weights == [16.0, 16.0, 8.0]

@@ -696,8 +696,8 @@ def accumulate(model: keras.Model, accum_steps: int | None = None, *,
     Raises:
         ValueError: for a class that overrides ``train_step`` (use
             :class:`~accumcore.AccumulationState` there), or an optimizer with Keras's own
-            ``gradient_accumulation_steps``.
-        TypeError: for anything but a ``keras.Model``, or neither way of making up updates.
+            ``gradient_accumulation_steps``; for neither way of making up updates, or both.
+        TypeError: for anything but a ``keras.Model``.
     """
     given = dict(accum_steps=accum_steps, micro_batch_size=micro_batch_size,
                  end_of_epoch=end_of_epoch, nonfinite=nonfinite, normalizer=normalizer)

@@ -287,9 +287,10 @@ def warn_if_nothing_split(micro_batch_size: Any, micro_batches: int, windows: in
 
 
 def require_a_way(accum_steps: Any, micro_batch_size: Any, caller: str) -> None:
-    """Raise ``TypeError`` naming both settings when neither is given to ``caller``."""
+    """Raise ``ValueError`` naming both settings when neither is given to ``caller`` (the
+    error an ``AccumModel`` created without either raises in ``fit``, and giving both raises)."""
     if accum_steps is None and micro_batch_size is None:
-        raise TypeError(
+        raise ValueError(
             f"{caller} needs `micro_batch_size=b` (then `fit(batch_size=B)` makes one update "
             "per batch of B, from micro-batches of at most b samples; 'auto': the largest "
             "that fits) or `accum_steps=K` (then `fit(batch_size=b)` makes one update per K "

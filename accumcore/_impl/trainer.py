@@ -618,17 +618,26 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
     form's batch size b for arrays or None)``. The old form ``effective_batch_size=B,
     micro_batch_size=b`` (K = B / b, batches of b) warns, naming the new calls."""
     if effective_batch_size is not None:
+        # exact=False only to reach the check below, whose message names this class's fixes
         k = resolve_accum_steps(accum_steps, effective_batch_size=effective_batch_size,
-                                micro_batch_size=micro_batch_size)
+                                micro_batch_size=micro_batch_size, exact=False)
+        big, small = effective_batch_size, micro_batch_size
+        if big % small:
+            raise ValueError(
+                f"`effective_batch_size`={big} is not a multiple of `micro_batch_size`={small}; "
+                f"choose e.g. effective_batch_size={(big // small + 1) * small}, or pass "
+                f"`AccumTrainer(..., micro_batch_size={small})` alone and "
+                f"`fit(x, y, batch_size={big})`: each batch of {big} is split into "
+                f"micro-batches of at most {small}, one update per batch.")
         warnings.warn(
-            f"AccumTrainer(effective_batch_size={effective_batch_size}, micro_batch_size="
-            f"{micro_batch_size}) is the old form: it trains on batches of "
-            f"{micro_batch_size}, {k} per update. `micro_batch_size=b` now means the batch "
-            "given is the recipe's batch B, split inside the step. Pass "
-            f"`AccumTrainer(..., micro_batch_size={micro_batch_size})` and give batches of "
-            f"{effective_batch_size} (`fit(x, y, batch_size={effective_batch_size})`, a "
-            f"dataset batched by {effective_batch_size}, `window_step`), or "
-            f"`AccumTrainer(..., accum_steps={k})` with batches of {micro_batch_size}.",
+            f"AccumTrainer(effective_batch_size={big}, micro_batch_size={small}) is the old "
+            f"form: it trains on batches of {small}, {k} per update, and `fit`'s `batch_size` "
+            f"is the micro-batch ({small}). Dropping `effective_batch_size` alone changes "
+            f"that: with `micro_batch_size={small}` alone, `batch_size` is the recipe's batch "
+            f"B (default 32), split inside the step. Pass "
+            f"`AccumTrainer(..., micro_batch_size={small})` and change the call to "
+            f"`fit(x, y, batch_size={big})` (or a dataset batched by {big}, `window_step`), "
+            f"or pass `AccumTrainer(..., accum_steps={k})` and keep batches of {small}.",
             FutureWarning,
             stacklevel=3,
         )
