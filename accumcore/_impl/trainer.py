@@ -90,7 +90,9 @@ class AccumTrainer:
         jit_compile: compile the ``tf.function`` steps with XLA.
         effective_batch_size: deprecated (warns): B in the old form
             ``effective_batch_size=B, micro_batch_size=b``, which means ``accum_steps=B / b``
-            with batches of b; pass ``accum_steps`` or ``micro_batch_size`` instead.
+            with batches of b (``fit``'s ``batch_size`` is b); pass ``accum_steps=B / b``
+            and keep batches of b, or ``micro_batch_size=b`` alone and change the call to
+            ``fit(x, y, batch_size=B)``: with ``micro_batch_size`` alone ``batch_size`` is B.
 
     Attributes:
         model: the model given.
