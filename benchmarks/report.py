@@ -383,7 +383,8 @@ def _paired_cost_table(record: dict[str, Any]) -> list[str]:
     titles = {"accumcore": "AccumModel.fit / Keras", "accumcore_unchecked": "without the check",
               "accumcore_skip_micro_batch": 'nonfinite="skip_micro_batch"'}
     lines = ["| steps_per_execution | " + " | ".join(
-                 f"{titles[k]}: paired [95 % interval] | best of N" for k in shown) + " |",
+                 f"{titles[k]}: paired [95 % interval] | best of {record['rounds']}"
+                 for k in shown) + " |",
              "|---|" + "---|---|" * len(shown)]
     for spe, kinds in record["by_spe"].items():
         cells = []
@@ -526,7 +527,7 @@ def _ops_section(results: dict[str, Any]) -> list[str]:
 
 _MEMORY_NOTE = (
     "`window_step` receives the whole batch of K·b samples and slices it inside the graph, "
-    "so it holds K·b inputs (3 KiB per MNIST image: 3 MiB at K=16, b=64); the loop and "
+    "so it holds K·b inputs; the loop and "
     "`AccumModel` receive one micro-batch at a time. On CPU, TensorFlow's convolution "
     "kernels allocate scratch buffers of fixed size, so even plain batch b peaks far above "
     "its activations. Peaks of one configuration can differ by a few MiB from run to run "
@@ -793,8 +794,13 @@ def _reader_summary(results: dict[str, Any]) -> list[str]:
     lines = ["Each ratio over the (model, b, K) cells of the run: the numbers (1)-(9) are the "
              "configurations of the throughput tables below.", "",
              "| ratio | cells | lowest | median | highest |", "|---|---|---|---|---|"]
+    xla_models = sorted({r["model"].upper() for r in bm.throughput_ratios(results)
+                         if r.get("fit_xla_vs_fit") is not None})
     for row in bm.ratio_summary(results):
-        lines.append(f"| {row['label']} | {row['cells']} | {_fmt(row['low'])} | "
+        label = _with_spe(row["label"], results)
+        if row["key"] == "fit_xla_vs_fit":
+            label += f" ({', '.join(xla_models)} only)"
+        lines.append(f"| {label} | {row['cells']} | {_fmt(row['low'])} | "
                      f"{_fmt(row['median'])} | {_fmt(row['high'])} |")
     entries = [r for r in results.get("ops") or [] if r["target"]]
     if entries:
@@ -817,6 +823,13 @@ def _reader_summary(results: dict[str, Any]) -> list[str]:
     return lines + [""] + _reader_explanation(results)
 
 
+def _with_spe(text: str, results: dict[str, Any]) -> str:
+    """``text`` with "the large steps_per_execution" said as the run's number."""
+    spe = results["settings"].get("large_steps_per_execution")
+    return (text.replace("at the large steps_per_execution", f"at steps_per_execution={spe}")
+            .replace("large steps_per_execution", f"steps_per_execution={spe}"))
+
+
 def _reader_explanation(results: dict[str, Any]) -> list[str]:
     ratios = bm.throughput_ratios(results)
     if not ratios:
@@ -836,7 +849,7 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "",
         f"* *(4)/(3)*, `AccumModel.fit` over `fit` with Keras's `gradient_accumulation_steps`: "
         f"{span('fit_vs_keras')} at `steps_per_execution=1`, {span('fit_vs_keras_spe')} at "
-        f"{spe}. Both run one forward and backward pass per `train_step` and add the gradients "
+        f"`steps_per_execution={spe}`. Both run one forward and backward pass per `train_step` and add the gradients "
         "into accumulators; accumcore also weighs each micro-batch, checks each window's "
         "gradients for NaN/Inf once and keeps a sample-weighted loss, and in return is "
         "exact for ragged windows, where Keras's mean of K micro-batch means is not. With "
@@ -936,19 +949,27 @@ def _separate_run(created: str | None) -> str:
 
 def _check_cost_sentence(record: dict[str, Any]) -> str:
     """What the first two paired columns say about the check's cost, per steps_per_execution:
-    a cost where their intervals are apart, the noise where they overlap."""
+    both medians with their intervals; a cost where the intervals are apart, the noise where
+    they overlap, and where the run without the check was the slower one, that sign."""
     overlap, apart = [], []
     for spe, kinds in record["by_spe"].items():
         if "accumcore" not in kinds or "accumcore_unchecked" not in kinds:
             continue
         checked, unchecked = kinds["accumcore"]["paired"], kinds["accumcore_unchecked"]["paired"]
-        said = (f"{spe}: [{checked['low']:.3f}, {checked['high']:.3f}] with the check, "
-                f"[{unchecked['low']:.3f}, {unchecked['high']:.3f}] without")
-        (apart if checked["high"] < unchecked["low"] else overlap).append(said)
+        said = (f"{spe}: {checked['median']:.3f} [{checked['low']:.3f}, {checked['high']:.3f}] "
+                f"with the check, {unchecked['median']:.3f} [{unchecked['low']:.3f}, "
+                f"{unchecked['high']:.3f}] without")
+        if checked["high"] < unchecked["low"]:
+            apart.append(said)
+        else:
+            overlap.append(said + (" (without the check the median is lower: the opposite "
+                                   "sign of a cost)" if unchecked["median"] < checked["median"]
+                                   else ""))
     parts = []
     if overlap:
         parts.append("at steps_per_execution " + "; ".join(overlap) + ", the two intervals "
-                     "overlap: the check's cost is within the noise of this run there")
+                     "overlap: the check's cost is within the noise of this run there, and "
+                     "the difference of the medians says nothing about it")
     if apart:
         parts.append("at steps_per_execution " + "; ".join(apart) + ", the intervals are "
                      "apart: the difference is what the once-per-window check costs")
@@ -966,7 +987,8 @@ def _reader_nonfinite_cost(record: dict[str, Any] | None) -> list[str]:
             f"{_nonfinite_cost_samples(record):,} synthetic samples per epoch). Every round fits "
             "one epoch with each model back to back; the table gives the median "
             "of the per-round ratios with its 95 % bootstrap interval, and the ratio of the "
-            "fastest runs (best of N). The last column checks every micro-batch "
+            f"fastest of each model's {record['rounds']} runs (best of {record['rounds']}). "
+            "The last column checks every micro-batch "
             "(`nonfinite=\"skip_micro_batch\"`).", ""] + _paired_cost_table(record) + [
             "", _check_cost_sentence(record), ""]
 
@@ -994,7 +1016,8 @@ def _reader_accumulate_lm(record: dict[str, Any] | None) -> list[str]:
             f"model with Keras's `gradient_accumulation_steps`, {c['rounds']} rounds, "
             f"{_separate_run(record.get('created'))}. Each round fits one epoch with each, "
             "in alternating order.", "",
-            "| throughput, accumulate / Keras | paired median [95 % interval] | best of N |",
+            "| throughput, accumulate / Keras | paired median [95 % interval] | best of "
+            f"{c['rounds']} |",
             "|---|---|---|",
             f"| fit | {bm.ratio_text(p)} | "
             f"{record['throughput_ratio_best_of_n']:.3f} |", "", _interval_sentence(p), ""]
@@ -1033,7 +1056,20 @@ def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
                   "accumulators (one copy of the weights) are allocated once. " + note, ""]
     else:
         lines += [note, ""]
-    return lines
+    return lines + _same_peaks(table, ks)
+
+
+def _same_peaks(table: dict[str, dict[int, int]], ks: list[int]) -> list[str]:
+    """A sentence naming the methods whose peaks the table prints equal at every K: their
+    lines coincide in the figure (one hides the other)."""
+    by_peaks: dict[tuple[str, ...], list[str]] = {}
+    for method, peaks in table.items():
+        by_peaks.setdefault(tuple(_mib(peaks.get(k)) for k in ks), []).append(
+            bm.MEMORY_METHODS.get(method, method))
+    same = [names for names in by_peaks.values() if len(names) > 1]
+    return [f"In the figure, the lines of {' and '.join(f'*{n}*' for n in names)} coincide "
+            "(one hides the other): the table gives them the same peak at every K."
+            for names in same] + ([""] if same else [])
 
 
 def _reader_tracing(results: dict[str, Any]) -> list[str]:
@@ -1067,7 +1103,7 @@ def _reader_throughput_tables(results: dict[str, Any]) -> list[str]:
     lines = []
     for line in _throughput_tables(results, None):
         if not line.startswith("- skipped "):
-            lines.append(line)
+            lines.append(_with_spe(line, results))
         elif "_xla" in line:
             lines.append("- Not timed on a CPU: this model's configurations compiled with XLA "
                          "(`jit_compile=True`), which runs its convolution gradients far "
@@ -1122,7 +1158,11 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
         name = os.path.basename(os.path.normpath(d))
         prefix = _image_prefix(d, md_dir)
         lines += [f"## {name}: `{results['device']}`", "", "### Machine", ""]
-        lines += [line for line in _machine_section(results)
+        spe = (f"steps_per_execution={results['settings'].get('steps_per_execution')}",
+               f"steps_per_execution={results['settings'].get('steps_per_execution')} ("
+               f"{results['settings'].get('large_steps_per_execution')} in the rows that say so)")
+        lines += [line.replace(*spe) if line.startswith("| throughput settings") else line
+                  for line in _machine_section(results)
                   if not line.startswith(_READER_MACHINE_SKIP)] + [""]
         lines += [f"The tables below come from the run of {results['created']}, except where a "
                   "section names another run.", ""]

@@ -160,7 +160,9 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
         "accumcore_unchecked": {"paired": {"median": 0.933, "low": 0.911, "high": 0.988}}}}}
     sentence = report._check_cost_sentence(overlapping)
     assert "overlap: the check's cost is within the noise" in sentence
-    assert "[0.923, 0.989] with the check, [0.911, 0.988] without" in sentence
+    assert "0.966 [0.923, 0.989] with the check, 0.933 [0.911, 0.988] without" in sentence
+    # the run without the check was the slower one: the page says it is the opposite sign
+    assert "without the check the median is lower: the opposite sign of a cost" in sentence
     assert "costs" not in sentence
     # a paired interval in a reader's words
     assert "does not tell the two apart" in report._interval_sentence(
@@ -214,3 +216,23 @@ def test_the_split_sentence_per_model_flags_the_noisiest_figure():
     assert "b=16, K=4" in text
     calm = report._split_sentence({"throughput": [dict(floor, spread=0.05), quiet]}, ratios)
     assert "noisiest" not in calm  # the figure behind 1.9 is not the noisiest: not named
+
+
+def test_the_reader_page_names_the_large_steps_per_execution_and_equal_peaks():
+    """The reader found "at steps_per_execution=32" in the prose but "large
+    steps_per_execution" in every table, and two lines of the memory figure on top of each
+    other with nothing saying so."""
+    results = {"settings": {"large_steps_per_execution": 32}}
+    assert report._with_spe("(4)/(3) at the large steps_per_execution", results) \
+        == "(4)/(3) at steps_per_execution=32"
+    assert report._with_spe("(4) AccumModel.fit, large steps_per_execution", results) \
+        == "(4) AccumModel.fit, steps_per_execution=32"
+    mib = 2 ** 20
+    table = {"plain": {1: 10 * mib, 2: 20 * mib}, "loop": {1: 5 * mib, 2: 5 * mib},
+             "model": {1: 5 * mib, 2: 5 * mib}, "window": {1: 5 * mib, 2: 6 * mib}}
+    (said, _) = report._same_peaks(table, [1, 2])
+    assert "*loop* and *model* coincide" in said and "window" not in said
+    assert report._same_peaks({"a": {1: mib}, "b": {1: 2 * mib}}, [1]) == []
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        committed = f.read()
+    assert "large steps_per_execution" not in committed and "best of N" not in committed
