@@ -850,8 +850,9 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         f"* *(4)/(3)*, `AccumModel.fit` over `fit` with Keras's `gradient_accumulation_steps`: "
         f"{span('fit_vs_keras')} at `steps_per_execution=1`, {span('fit_vs_keras_spe')} at "
         f"`steps_per_execution={spe}`. Both run one forward and backward pass per "
-        "`train_step` and add the gradients into accumulators; accumcore also weighs each micro-batch, checks each window's "
-        "gradients for NaN/Inf once and keeps a sample-weighted loss, and in return is "
+        "`train_step` and add the gradients into accumulators; accumcore also weighs each "
+        "micro-batch, checks each window's gradients for NaN/Inf once and keeps a "
+        "sample-weighted loss, and in return is "
         "exact for ragged windows, where Keras's mean of K micro-batch means is not. With "
         f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
         "without.",
