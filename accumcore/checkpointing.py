@@ -29,7 +29,8 @@ Both replace ``model.train_function`` (the function ``fit`` builds and calls onc
 of :class:`ExactBackupAndRestore` is Keras's callback hooks, ``optimizer.build``,
 ``save_weights`` and ``load_weights``. ``train_function`` is a
 ``keras.Model`` attribute, not a documented extension point: a Keras release that changes how
-``fit`` calls it can break the skipping (the library's tests check it on Keras 3.13 and 3.15).
+``fit`` calls it can break the skipping (checked on Keras 3.13 and 3.15 on every change to
+accumcore).
 
 Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
 the checkpointed ``tf.data`` iterator carries its shuffle buffer and (on the supported

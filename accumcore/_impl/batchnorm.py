@@ -96,8 +96,8 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
         * not attached, or ``training`` falsy, or ``trainable=False``: stock BatchNormalization;
         * attached and training: normalises with the micro-batch moments (as stock BN does),
           pools them into the window state and leaves the moving statistics alone until the
-          window closes: the layer's window hook, registered in the state's ``window_hooks``
-          by :meth:`attach`, then folds the pooled moments into them once.
+          window closes: the layer's window hook, registered with the state by
+          :meth:`attach`, then folds the pooled moments into them once.
 
     A micro-batch whose moments are not finite (NaN/Inf activations) is left out of the window
     moments, so one bad micro-batch cannot poison the moving statistics.
@@ -160,11 +160,11 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
 
     def attach(self, state) -> None:
         """Register this layer's window hook (the method that folds the window's pooled moments
-        into the moving statistics once per window) in ``state.window_hooks`` (idempotent).
+        into the moving statistics once per window) with ``state``, which runs it whenever a
+        window closes (idempotent).
 
         Args:
-            state: an :class:`~accumcore.AccumulationState` (anything with a ``window_hooks``
-                list of callables ``hook(applied: bool)``).
+            state: an :class:`~accumcore.AccumulationState`.
         """
         hooks = getattr(state, "window_hooks", None)
         if hooks is None:

@@ -74,17 +74,14 @@ def has_nonfinite(grads: Sequence, weight: tf.Tensor) -> tf.Tensor:
 
 @dataclass(frozen=True)
 class NonFinitePolicy:
-    """What a non-finite gradient does: one object with the whole behaviour, which the window
-    rule asks (``accumcore._impl.rule.plan``) and nothing else branches on.
+    """What a non-finite gradient does, as one object (pass it as ``nonfinite=``).
 
     The three built-in policies, ``nonfinite="raise"``, ``"skip_micro_batch"`` and
     ``"skip_window"``, are instances of this class, looked up by name. A policy of your own is
-    one instance (``NonFinitePolicy("mine", should_skip=f)``), or a subclass overriding some
-    of the methods below, which the window rule calls (in the compiled step, except
-    ``fit_logs``; not under a ``LossScaleOptimizer``, which checks the window itself).
-    ``stopped`` and ``on_skip`` read and write the state's stop record when ``freeze`` is
-    set; a policy of your own that should stop training sets ``freeze`` instead of
-    overriding them.
+    one instance with its own name: ``should_skip`` decides which micro-batches are bad, and
+    ``freeze`` / ``skip_window`` what a bad one does to its window and to training, e.g.
+    ``NonFinitePolicy("large", skip_window=True, should_skip=f)``. Under a
+    ``LossScaleOptimizer`` (mixed precision) the optimizer checks the window itself.
 
     Attributes:
         name: the policy's name (``get_config``, ``AccumulationState.nonfinite``).

@@ -57,19 +57,19 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what a non-finite gradient does (``accumcore._impl.nonfinite``: what counts):
+        nonfinite: what a non-finite gradient does:
             ``"raise"`` (default: a window whose sum is not finite is discarded whole and
             :class:`~accumcore.NonFiniteGradientError` is raised from the Python side; checked
             once per window), ``"skip_window"`` (discard such a window and go on; checked once
             per window), ``"skip_micro_batch"`` (leave out only the bad micro-batches: every
             micro-batch is checked), or a :class:`~accumcore.NonFinitePolicy`.
 
-    Variables (made by :meth:`build`; under these names in checkpoints, listed by
-    :meth:`variables_for_saving`): ``accumulators`` (per trainable variable, the window's
-    ``sum_i c_i * grad(L_i)``, float32 or float64), the window's ``window_weight``,
-    ``micro_step`` and ``window_samples``, the run's counters (:meth:`counters`), a
-    condemned-window flag (the ``"raise"`` policy's stop is in no checkpoint), and
-    ``undivided_accumulators`` once a micro-batch brings ``undivided`` gradients.
+    Variables (made by :meth:`build`; under these names in checkpoints): ``accumulators``
+    (per trainable variable, the window's ``sum_i c_i * grad(L_i)``, float32 or float64),
+    the window's ``window_weight``, ``micro_step`` and ``window_samples``, the run's counters
+    (:meth:`counters`), a condemned-window flag (the ``"raise"`` policy's stop is in no
+    checkpoint), and ``undivided_accumulators`` once a micro-batch brings ``undivided``
+    gradients.
 
     In a ``train_step`` of your own that calls :meth:`step`, give ``fit``
     ``callbacks=[accumcore.WindowFlushCallback(state)]``: at each epoch's end it applies the
@@ -373,7 +373,7 @@ class AccumulationState(tf.Module):
                    contribute: Callable) -> tuple:
         """One batch as one window, in one traced step: the batch cut into micro-batches of
         ``size`` samples (:func:`micro_batches`: the last may be smaller), each added
-        (:meth:`accumulate`), then the window closed once (:meth:`_close_split`). A batch of
+        (:meth:`accumulate`), then the window closed once (one optimizer update). A batch of
         at most ``size`` samples (known when traced, else decided by a ``tf.cond`` on its
         size) is one micro-batch: on one replica its window goes to the optimizer without
         the accumulators (``rule.single_window``), the same update and counts.
