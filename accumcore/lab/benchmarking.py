@@ -258,11 +258,11 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     (``compiled_function``).
 
     ``samples`` should not be a multiple of b nor of K * b, so that the last micro-batch and
-    the last window are ragged. Returns one record per entry point with ``per_epoch`` (new
-    traces in each epoch: a trace after the first epoch means the function was built again),
-    ``total`` and ``ok``: ``True`` when the function was traced in the first epoch only, at
-    most ``MAX_TRACES`` (2) times (the full and the ragged batch shape), as a compiled step
-    should be; ``False`` means it was built again, which costs time every epoch.
+    the last window are ragged. Returns one record per entry point: ``entry`` (its name),
+    ``per_epoch`` (the new traces in each epoch: a trace after the first epoch means the
+    function was built again, which costs time in every epoch that does it), ``total``, and
+    ``ok``, whether the function was traced in the first epoch only and at most twice (once
+    for the full and once for the ragged batch shape), as a compiled step should be.
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)

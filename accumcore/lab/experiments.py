@@ -922,9 +922,8 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
-        progress: called with a one-line message after each run; the default shows nothing
-            on the page. Pass ``print`` or your own logger to follow a long run; ``None``: not
-            called.
+        progress: called with a one-line message after each run; the default prints nothing.
+            Pass ``print`` or your own logger to follow a long run; ``None``: not called.
 
     Returns:
         A :class:`SweepResult`.
