@@ -6,7 +6,8 @@ written (evaluated with the test's ``model``; the usage lines name the reader's 
 ``x`` and ``y``). A small model trained with it through ``fit(batch_size=16)`` must end at the
 weights of a plain ``keras.Model`` trained with ``fit(batch_size=64)`` from the same initial
 weights, the partial last window of each epoch included, with Adam (whose update depends on its
-step count, so an optimizer stepped per micro-batch fails) and with SGD; and at the weights of
+step count, so an optimizer stepped per micro-batch fails) and with SGD, without and with sample
+or class weights (Keras's mean loss divides by the samples either way); and at the weights of
 ``fit`` after ``accumcore.accumulate(model, accum_steps=4)``.
 
 A NaN in the data must stop it with the error ``fit`` after ``accumulate`` raises (same type,
@@ -93,11 +94,12 @@ def gap(weights: list, reference: list, initial: list) -> float:
 
 
 def train(code: str, callbacks: str, optimizer, n_samples: int, epochs: int = 2,
-          kind: str = "dense") -> dict:
+          kind: str = "dense", **fit_kwargs) -> dict:
     """For ``code``'s model at 4 x 16 (``callbacks``: the ``fit`` call's list, as source)
-    against a plain model at 64: ``rel`` (largest weight difference / largest weight change of
-    the reference), the optimizer's ``iterations``, both runs' logged ``losses`` (per epoch)
-    and the final ``weights``."""
+    against a plain model at 64, both ``fit`` calls given ``fit_kwargs`` (e.g.
+    ``sample_weight``): ``rel`` (largest weight difference / largest weight change of the
+    reference), the optimizer's ``iterations``, both runs' logged ``losses`` (per epoch) and
+    the final ``weights``."""
     namespace: dict = {}
     exec(compile(code, str(INTRO), "exec"), namespace)
     x, y = data(kind, n_samples)
@@ -108,8 +110,9 @@ def train(code: str, callbacks: str, optimizer, n_samples: int, epochs: int = 2,
     model.compile(optimizer(), "sparse_categorical_crossentropy")
     reference.compile(optimizer(), "sparse_categorical_crossentropy")
     history = model.fit(x, y, batch_size=16, epochs=epochs, shuffle=False, verbose=0,
-                        callbacks=eval(callbacks, {**namespace, "model": model}))
-    plain = reference.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0)
+                        callbacks=eval(callbacks, {**namespace, "model": model}), **fit_kwargs)
+    plain = reference.fit(x, y, batch_size=64, epochs=epochs, shuffle=False, verbose=0,
+                          **fit_kwargs)
     assert int(reference.optimizer.iterations) == epochs * -(-n_samples // 64)
     return {"rel": gap(model.get_weights(), reference.get_weights(), initial),
             "iterations": int(model.optimizer.iterations),
@@ -135,6 +138,25 @@ def test_the_intro_train_step_matches_fit_at_64(optimizer, n_samples, kind):
     assert run["rel"] <= TOLERANCE
     # the logged loss is the mean over the epoch's samples, each at its window's weights, as
     # at 64: the same numbers to float32 round-off
+    mine, plain = run["losses"]
+    assert mine == pytest.approx(plain, rel=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["dense", "embedding"])
+@pytest.mark.parametrize("weights", ["sample_weight", "class_weight"])
+def test_the_intro_train_step_matches_fit_at_64_with_weights(weights, kind):
+    """Keras's default mean loss divides the weighted sum by the batch's samples, not by the
+    weights' sum: c_i = samples stays exact with sample or class weights, the partial window
+    included; the weights change the result (the runs are not the unweighted ones)."""
+    n_samples = 3 * 64 + 40
+    given = ({"sample_weight": np.random.default_rng(1).uniform(0.2, 3.0, n_samples)}
+             if weights == "sample_weight" else {"class_weight": {0: 0.2, 1: 3.0, 2: 1.0,
+                                                                  3: 0.5, 4: 2.0}})
+    run = train(intro_block(), intro_callbacks(), SGD_MOMENTUM, n_samples, kind=kind, **given)
+    unweighted = train(intro_block(), intro_callbacks(), SGD_MOMENTUM, n_samples, kind=kind)
+    assert run["iterations"] == 2 * 4
+    assert run["rel"] <= TOLERANCE
+    assert gap(run["weights"], unweighted["weights"], run["initial"]) > 1e-2
     mine, plain = run["losses"]
     assert mine == pytest.approx(plain, rel=1e-5)
 

@@ -1033,7 +1033,7 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     seeds, worst = window.size, 100 * float(np.max(np.abs(window - target)))
     if worst > 100 * tie:
         return "normalisation", (
-            f"window-level BN, whose moving statistics are the large batch's, was up to "
+            f"window-level BN, whose moving statistics are close to the large batch's, was up to "
             f"{worst:.2f} points from the target on a seed, more than the tie threshold of "
             f"{100 * tie:.2f}: the normalisation gap (each micro-batch normalised with its "
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
@@ -1052,7 +1052,9 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
         return "window higher", (
             f"{reproduced}: use WindowBatchNormalization (convert_batchnorm on an existing "
             "model)")
+    low, high = 100 * float(np.min(window - stock)), 100 * float(np.max(window - stock))
     return "no consistent difference", (
-        f"{reproduced}: no consistent cost or gain measured, so either layer does for "
-        "accuracy, and WindowBatchNormalization is the one that reproduces the large batch's "
-        "moving statistics")
+        f"{reproduced}: no consistent cost or gain measured. Window-level minus stock BN "
+        f"ranged from {low:+.2f} to {high:+.2f} points over the {seeds} seeds: too few to tell "
+        "whether the statistics gap costs or gains accuracy on this net; before choosing for "
+        "accuracy, compare both on more seeds of your own model")
