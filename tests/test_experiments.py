@@ -283,7 +283,14 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     assert ex.roundoff_verdict(2.001e-4, [2e-4]) == (  # never "1 times": it reads as "equal"
         f"equal to the reordering control to two significant digits: within {rule}")
     assert ex.roundoff_verdict(1e-5, [1e-4, 2e-4, 3e-4]).startswith(
-        "0.033 times the largest reordering control: within")
+        "below the largest reordering control (0.1 times the smallest): within")
+    # one control far above the other (training amplified one reordering): the smaller one
+    # says how the run compares with round-off that stayed small
+    assert ex.roundoff_verdict(5.3e-7, [1.6e-2, 7.1e-7]) == (
+        f"below the larger reordering control (0.75 times the smaller): within {rule}")
+    assert ex.roundoff_verdict(2e-6, [1.6e-2, 1e-6]).startswith(
+        "below the larger reordering control (2 times the smaller): within")
+    assert ex.roundoff_verdict(1e-5, [2e-4]).startswith("0.05 times the reordering control")
     at_rule = ex.roundoff_verdict(ex.ROUNDOFF_FACTOR * 1e-4, [1e-4])
     assert at_rule.endswith(f"within {rule}")
     beyond = ex.roundoff_verdict(3e-3, [1e-4, 2e-4], beyond="not the same update")
