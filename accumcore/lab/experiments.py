@@ -1002,9 +1002,14 @@ def tie_counts_sentence(window: Sequence[float], stock: Sequence[float], tie: fl
     """How often stock BN scored higher than window-level BN beyond ``tie``, tied, and lower,
     over the seeds (accuracies as fractions, the i-th of each from seed i; :func:`count_by_tie`):
     the counts clause of :func:`batchnorm_advice`."""
-    stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
+    return _tie_counts_words(count_by_tie(window, stock, tie))
+
+
+def _tie_counts_words(counts: tuple[int, int, int]) -> str:
+    """:func:`tie_counts_sentence` from ``count_by_tie(window, stock, tie)``."""
+    stock_higher, tied, window_higher = counts
     return (f"stock BN scored higher beyond the tie threshold on {stock_higher} of "
-            f"{len(window)} seeds, tied on {tied} and lower on {window_higher}")
+            f"{sum(counts)} seeds, tied on {tied} and lower on {window_higher}")
 
 
 #: The cases of :func:`batchnorm_advice`.
@@ -1044,8 +1049,8 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             f"{100 * tie:.2f}: the normalisation gap (each micro-batch normalised with its "
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
             "normalisation (GroupNormalization, LayerNormalization)")
-    stock_higher, tied, window_higher = count_by_tie(window, stock, tie)
-    counts = tie_counts_sentence(window, stock, tie)
+    stock_higher, tied, window_higher = seed_counts = count_by_tie(window, stock, tie)
+    counts = _tie_counts_words(seed_counts)
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
                   f"it on every seed, at most the tie threshold of {100 * tie:.2f}); {counts}")
     if stock_higher == seeds:
