@@ -127,7 +127,7 @@ def test_other_counts_bad_value(name, value, error, message):
 
 def test_target_batch_not_a_multiple_of_the_micro_batch():
     with pytest.raises(ValueError, match="`effective_batch_size`=100 is not a multiple of "
-                                         "`micro_batch_size`=16.*effective_batch_size=112"):
+                                         "`micro_batch_size`=16.*accum_steps=7.*B = 112"):
         ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=100,
                         micro_batch_size=16)
     # resolve_accum_steps names its own way out, exact=False, which rounds K up
@@ -428,8 +428,12 @@ def test_the_trainers_message_names_only_calls_the_trainer_has():
                         micro_batch_size=16)
     message = str(info.value)
     named = set(re.findall(r"(\w+)=", message))
-    assert named == {"effective_batch_size", "micro_batch_size", "batch_size"}, message
+    assert named == {"accum_steps", "micro_batch_size", "batch_size"}, message
     own = (set(inspect.signature(ac.AccumTrainer).parameters)
            | set(inspect.signature(ac.AccumTrainer.fit).parameters))
     assert named <= own and "exact" not in message, message
     assert "micro_batch_size=16)` alone and `fit(x, y, batch_size=100)`" in message, message
+    # the deprecated parameter is never the way out
+    assert "effective_batch_size=" not in message.split(";", 1)[1], message
+    with pytest.raises(ValueError, match="smaller than `micro_batch_size`=16.*accum_steps=1"):
+        ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=8, micro_batch_size=16)

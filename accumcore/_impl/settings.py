@@ -105,13 +105,19 @@ def resolve_accum_steps(
             "effective_batch_size / micro_batch_size."
         )
     small = check_positive_int(micro_batch_size, "micro_batch_size")
-    if big % small and exact:
-        raise ValueError(
-            f"`effective_batch_size`={big} is not a multiple of `micro_batch_size`={small}; "
-            f"choose e.g. effective_batch_size={(big // small + 1) * small}, or pass "
-            "`exact=False` to round K up."
-        )
+    if exact:
+        check_multiple(big, small, f"choose e.g. effective_batch_size="
+                       f"{(big // small + 1) * small}, or pass `exact=False` to round K up")
     return split_batch(big, small, exact=exact)[0]
+
+
+def check_multiple(big: int, small: int, way_out: str) -> None:
+    """Raise unless ``effective_batch_size`` ``big`` is a multiple of ``micro_batch_size``
+    ``small`` (both positive ints, in samples): one message, ``way_out`` naming the fixes
+    the caller's signature has (a clause, no final period)."""
+    if big % small:
+        raise ValueError(f"`effective_batch_size`={big} is not a multiple of "
+                         f"`micro_batch_size`={small}; {way_out}.")
 
 
 def split_batch(batch_size: int, max_micro_batch: int, *, exact: bool = True) -> tuple[int, int]:

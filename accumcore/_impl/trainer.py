@@ -620,17 +620,21 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
     form's batch size b for arrays or None)``. The old form ``effective_batch_size=B,
     micro_batch_size=b`` (K = B / b, batches of b) warns, naming the new calls."""
     if effective_batch_size is not None:
-        # exact=False only to reach the check below, whose message names this class's fixes
-        k = resolve_accum_steps(accum_steps, effective_batch_size=effective_batch_size,
-                                micro_batch_size=micro_batch_size, exact=False)
         big, small = effective_batch_size, micro_batch_size
-        if big % small:
+        if isinstance(big, int) and isinstance(small, int) and 0 < big < small:
             raise ValueError(
-                f"`effective_batch_size`={big} is not a multiple of `micro_batch_size`={small}; "
-                f"choose e.g. effective_batch_size={(big // small + 1) * small}, or pass "
+                f"`effective_batch_size`={big} is smaller than `micro_batch_size`={small}: a "
+                f"batch of {big} needs no accumulation; pass `AccumTrainer(..., "
+                f"accum_steps=1)` and `fit(x, y, batch_size={big})`.")
+        if isinstance(big, int) and isinstance(small, int) and big > 0 < small:
+            settings.check_multiple(big, small, (
+                f"pass `AccumTrainer(..., accum_steps={big // small + 1})` and "
+                f"`fit(x, y, batch_size={small})` (B = {(big // small + 1) * small}), or "
                 f"`AccumTrainer(..., micro_batch_size={small})` alone and "
                 f"`fit(x, y, batch_size={big})`: each batch of {big} is split into "
-                f"micro-batches of at most {small}, one update per batch.")
+                f"micro-batches of at most {small}, one update per batch"))
+        k = resolve_accum_steps(accum_steps, effective_batch_size=big,
+                                micro_batch_size=small)
         warnings.warn(
             f"AccumTrainer(effective_batch_size={big}, micro_batch_size={small}) is the old "
             f"form: it trains on batches of {small}, {k} per update, and `fit`'s `batch_size` "
