@@ -826,6 +826,8 @@ def _reader_summary(results: dict[str, Any]) -> list[str]:
 def _with_spe(text: str, results: dict[str, Any]) -> str:
     """``text`` with "the large steps_per_execution" said as the run's number."""
     spe = results["settings"].get("large_steps_per_execution")
+    if spe is None:
+        return text
     return (text.replace("at the large steps_per_execution", f"at steps_per_execution={spe}")
             .replace("large steps_per_execution", f"steps_per_execution={spe}"))
 
@@ -952,7 +954,7 @@ def _check_cost_sentence(record: dict[str, Any]) -> str:
     """What the first two paired columns say about the check's cost, per steps_per_execution:
     both medians with their intervals; a cost where the intervals are apart, the noise where
     they overlap, and where the run without the check was the slower one, that sign."""
-    overlap, apart = [], []
+    overlap, apart, opposite = [], [], []
     for spe, kinds in record["by_spe"].items():
         if "accumcore" not in kinds or "accumcore_unchecked" not in kinds:
             continue
@@ -962,6 +964,8 @@ def _check_cost_sentence(record: dict[str, Any]) -> str:
                 f"{unchecked['high']:.3f}] without")
         if checked["high"] < unchecked["low"]:
             apart.append(said)
+        elif unchecked["high"] < checked["low"]:
+            opposite.append(said)
         else:
             overlap.append(said + (" (without the check the median is lower: the opposite "
                                    "sign of a cost)" if unchecked["median"] < checked["median"]
@@ -974,6 +978,10 @@ def _check_cost_sentence(record: dict[str, Any]) -> str:
     if apart:
         parts.append("at steps_per_execution " + "; ".join(apart) + ", the intervals are "
                      "apart: the difference is what the once-per-window check costs")
+    if opposite:
+        parts.append("at steps_per_execution " + "; ".join(opposite) + ", the intervals are "
+                     "apart the other way: the run without the check was the slower one, so "
+                     "the machine's drift between the paired runs, not the check, decided it")
     return ("Comparing the first two paired columns: " + ". And ".join(parts) + ".") if parts \
         else ""
 
@@ -1065,6 +1073,8 @@ def _same_peaks(table: dict[str, dict[int, int]], ks: list[int]) -> list[str]:
     lines coincide in the figure (one hides the other)."""
     by_peaks: dict[tuple[str, ...], list[str]] = {}
     for method, peaks in table.items():
+        if all(peaks.get(k) is None for k in ks):
+            continue  # not measured: no line in the figure
         by_peaks.setdefault(tuple(_mib(peaks.get(k)) for k in ks), []).append(
             bm.MEMORY_METHODS.get(method, method))
     same = [names for names in by_peaks.values() if len(names) > 1]

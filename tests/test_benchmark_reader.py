@@ -164,6 +164,13 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
     # the run without the check was the slower one: the page says it is the opposite sign
     assert "without the check the median is lower: the opposite sign of a cost" in sentence
     assert "costs" not in sentence
+    # apart the other way: never "overlap", never a cost
+    reversed_apart = {"by_spe": {"1": {
+        "accumcore": {"paired": {"median": 0.99, "low": 0.98, "high": 1.0}},
+        "accumcore_unchecked": {"paired": {"median": 0.93, "low": 0.92, "high": 0.94}}}}}
+    sentence = report._check_cost_sentence(reversed_apart)
+    assert "apart the other way: the run without the check was the slower one" in sentence
+    assert "overlap" not in sentence and "costs" not in sentence
     # a paired interval in a reader's words
     assert "does not tell the two apart" in report._interval_sentence(
         {"median": 0.977, "low": 0.956, "high": 1.427})
@@ -233,6 +240,10 @@ def test_the_reader_page_names_the_large_steps_per_execution_and_equal_peaks():
     (said, _) = report._same_peaks(table, [1, 2])
     assert "*loop* and *model* coincide" in said and "window" not in said
     assert report._same_peaks({"a": {1: mib}, "b": {1: 2 * mib}}, [1]) == []
+    # methods not measured draw no line: they coincide with nothing
+    assert report._same_peaks({"a": {1: None}, "b": {1: None}, "c": {1: mib}}, [1]) == []
+    assert report._with_spe("at the large steps_per_execution", {"settings": {}}) == (
+        "at the large steps_per_execution")
     with open(report.READER_PAGE, encoding="utf-8") as f:
         committed = f.read()
     assert "large steps_per_execution" not in committed and "best of N" not in committed
