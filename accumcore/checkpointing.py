@@ -29,15 +29,14 @@ Both replace ``model.train_function`` (the function ``fit`` builds and calls onc
 of :class:`ExactBackupAndRestore` is Keras's callback hooks, ``optimizer.build``,
 ``save_weights`` and ``load_weights``. ``train_function`` is a
 ``keras.Model`` attribute, not a documented extension point: a Keras release that changes how
-``fit`` calls it can break the skipping (checked on Keras 3.13 and 3.15 on every change to
-accumcore).
+``fit`` calls it can break the skipping (Keras 3.13 and 3.15 both call it as described).
 
 Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
-the checkpointed ``tf.data`` iterator carries its shuffle buffer and (on the supported
-TensorFlow versions) the state of a ``shuffle(..., seed=s)`` seed
-generator, so the epochs after the resumed one get the same orders as without the
-interruption, provided the same dataset object is passed for every epoch and the same global
-seed (``keras.utils.set_random_seed``) is set at the start of the restarted process. A
+the checkpointed ``tf.data`` iterator carries its shuffle buffer and (TensorFlow 2.20 and
+2.21) the state of a ``shuffle(..., seed=s)`` seed generator, so the epochs after the
+resumed one get the same orders as without the interruption, provided the same dataset
+object is passed for every epoch and the same global seed (``keras.utils.set_random_seed``)
+is set at the start of the restarted process. A
 callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
 reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That

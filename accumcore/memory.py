@@ -11,24 +11,31 @@ at most ``log2(b_max / start) + log2(b_max / multiple_of) + 3`` probes, b_max th
 The search logic (:func:`largest_fitting`) takes any predicate ``fits(b) -> bool`` (your own
 rule, or a real training step); :func:`oom_probe` turns a training step into such a
 predicate by catching ``tf.errors.ResourceExhaustedError``, and :func:`plan_accumulation` puts the
-two together; :func:`gradient_step_probe` makes the training step of a built model::
+two together; :func:`gradient_step_probe` makes the training step of a built model. The
+optimizer's slots and the accumulators do not depend on b, so they are allocated (or their
+room is) before probing::
 
     import keras
-    from accumcore import AccumModel
+    import tensorflow as tf
+
+    import accumcore
     from accumcore.memory import gradient_step_probe, oom_probe, plan_accumulation
 
     inputs = keras.Input((28, 28, 1))
     hidden = keras.layers.Conv2D(32, 3, activation="relu")(inputs)
     outputs = keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(hidden))
-    step_at = gradient_step_probe(keras.Model(inputs, outputs),
-                                  "sparse_categorical_crossentropy", (28, 28, 1))
+    model = keras.Model(inputs, outputs)
+    model.compile(keras.optimizers.Adam(), "sparse_categorical_crossentropy")
+    model.optimizer.build(model.trainable_variables)  # the optimizer's slots, allocated now
+    room = [tf.zeros_like(v) for v in model.trainable_variables]  # the accumulators' size
+    step_at = gradient_step_probe(model, "sparse_categorical_crossentropy", (28, 28, 1))
     plan = plan_accumulation(oom_probe(step_at), target_batch_size=4096)
-    model = AccumModel(inputs, outputs, micro_batch_size=plan.max_micro_batch)
-    model.compile("adam", "sparse_categorical_crossentropy")
+    del room  # freed for the accumulators
+    accumcore.accumulate(model, micro_batch_size=plan.max_micro_batch)
     model.fit(x, y, batch_size=4096)  # x: (n, 28, 28, 1), y: (n,) ints; one update per 4096
 
 For data that already comes as micro-batches, the second form takes K and b from the plan:
-``AccumModel(inputs, outputs, accum_steps=plan.accum_steps)`` and
+``accumcore.accumulate(model, accum_steps=plan.accum_steps)`` and
 ``fit(x, y, batch_size=plan.micro_batch_size)``.
 """
 

@@ -1041,13 +1041,16 @@ def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
                    None)
     b = results["memory"][0]["micro_batch"]
     lines = [f"Peak allocator memory in MiB (`get_memory_info('{results['device']}')['peak']`)"
-             f", micro-batch b={b}; plain trains one batch of K·b. One copy of the trainable "
-             f"weights: {_mib(weights)} MiB.", "",
+             f", micro-batch b={b}; plain trains one batch of K·b."
+             + (" The last row, for scale, is the size of one copy of the trainable weights, "
+                "which the accumulators hold." if weights else ""), "",
              "| method | " + " | ".join(f"K={k}" for k in ks) + " |",
              "|---|" + "---|" * len(ks)]
     for method, peaks in table.items():
         lines.append(f"| {bm.MEMORY_METHODS.get(method, method)} | "
                      + " | ".join(_mib(peaks.get(k)) for k in ks) + " |")
+    if weights:
+        lines.append(f"| {WEIGHTS_ROW} | " + " | ".join(_mib(weights) for _ in ks) + " |")
     for r in results["memory"]:
         if r.get("error"):
             lines.append(f"\n- {r['method']} K={r['accum_steps']} failed: {r['error']}")
@@ -1101,11 +1104,32 @@ def _reader_tracing(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+#: The peak-memory table's last row on the reader's page: the size the accumulators add.
+WEIGHTS_ROW = "one copy of the trainable weights (not a peak)"
+
+
 def _reader_probe(results: dict[str, Any]) -> list[str]:
-    if not results.get("probe"):
+    """:func:`_probe_section` for a reader: the search's inputs (B, the first size probed,
+    ``multiple_of``) said, and the plan's K and b derived from B and the largest fitting b."""
+    p = results.get("probe")
+    if not p:
         return ["Not run in this mode."]
-    return [line.replace(": target B=", ", for updates of B=")
-            .replace(" (`TF_CPU_BFC_MEM_LIMIT_IN_MB`)", "") for line in _probe_section(results)]
+    lines = [line.replace(" (`TF_CPU_BFC_MEM_LIMIT_IN_MB`)", "")
+             for line in _probe_section(results)]
+    if p.get("error"):
+        return lines
+    settings = results.get("settings", {})
+    start, step = settings.get("probe_start"), settings.get("probe_multiple_of")
+    inputs = (f", for updates of B={p['target_batch_size']}, probing multiples of {step} "
+              f"from {start}" if start and step else f", for updates of B={p['target_batch_size']}")
+    lines[0] = lines[0].replace(f": target B={p['target_batch_size']}", inputs)
+    big, best, k, b = (p["target_batch_size"], p["max_micro_batch"], p["accum_steps"],
+                       p["micro_batch_size"])
+    plan = (f"the fewest micro-batches whose size divides B and is at most {best}: K={k} of "
+            f"b = {big} / {k} = {b} samples" if k * b == big else
+            f"K={k} micro-batches of {b} ({k * b} samples per update)")
+    lines[-1] = f"Largest micro-batch that fits: **{best}**. For B={big} the plan takes {plan}."
+    return lines
 
 
 def _reader_throughput_tables(results: dict[str, Any]) -> list[str]:
@@ -1186,7 +1210,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
                              _reader_throughput_tables(results))
             lines += _reader_ratios_plot(prefix)
         lines += ["### Graph operations", ""] + _fold_tables(
-            _reader_ops(results), "The operations of every entry point") + [""]
+            _reader_ops(results), "The operations of each entry point measured") + [""]
         lines += ["### Where the time goes", ""] + _part_run(results, "breakdown") + _fold_tables(
             _breakdown_section(results), "Every ingredient's time, per model")
         if results.get("breakdown"):

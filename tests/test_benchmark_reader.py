@@ -247,3 +247,54 @@ def test_the_reader_page_names_the_large_steps_per_execution_and_equal_peaks():
     with open(report.READER_PAGE, encoding="utf-8") as f:
         committed = f.read()
     assert "large steps_per_execution" not in committed and "best of N" not in committed
+
+
+def test_the_memory_table_shows_the_weights_and_the_probe_its_inputs_and_arithmetic(tmp_path):
+    """The reader found the size of the weights in no table, and K=16, b=256 and the probe's
+    multiple_of in no table: the weights are a row of the memory table, and the probe's
+    sentence gives B, the first size, multiple_of and the division that gives K and b."""
+    out = _full_fake_run(tmp_path / "run")
+    path = os.path.join(out, "results.json")
+    with open(path, encoding="utf-8") as f:
+        results = json.load(f)
+    results["settings"].update(probe_start=32, probe_multiple_of=32)
+    results["probe"] = {"target_batch_size": 4096, "max_micro_batch": 320, "accum_steps": 16,
+                        "micro_batch_size": 256, "effective_batch_size": 4096,
+                        "probes": [[32, True], [512, False], [320, True]],
+                        "probe_seconds": [0.5, 9.0, 0.6], "filters": [32, 64], "error": None,
+                        "device": "CPU:0", "cpu_limit_mb": 160}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f)
+    text = report.render_reader_page([out], out)
+    ks = len({r["accum_steps"] for r in results["memory"]})
+    assert f"| {report.WEIGHTS_ROW} |" + " 1.0 |" * ks in text  # fake weights: 1 MiB
+    assert "One copy of the trainable weights:" not in text
+    assert "for updates of B=4096, probing multiples of 32 from 32." in text
+    assert ("Largest micro-batch that fits: **320**. For B=4096 the plan takes the fewest "
+            "micro-batches whose size divides B and is at most 320: K=16 of b = 4096 / 16 = "
+            "256 samples.") in text
+    assert "TF_CPU_BFC_MEM_LIMIT_IN_MB" not in text
+    for r in results["memory"]:
+        r["weights_bytes"] = None
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f)
+    unweighed = report.render_reader_page([out], out)
+    assert report.WEIGHTS_ROW not in unweighed and "The last row, for scale" not in unweighed
+
+
+def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each_part():
+    """The reader found "measured on every entry point" though the recommended one
+    (``accumulate(model, micro_batch_size=b)`` with ``fit`` at B) is measured in chapter 7 only,
+    configuration (4) not saying whether it runs ``fit`` at b or at B, and "scripts of their
+    own" named nowhere."""
+    with open(os.path.join(ROOT, "book", "reference", "benchmarks.md"), encoding="utf-8") as f:
+        page = f.read()
+    assert "every entry point" not in page
+    assert "`accumulate(model, micro_batch_size=b)` with `fit(batch_size=B)`, is measured in" \
+        in page and "{doc}`../07_memory_speed`" in page
+    assert "(4) `AccumModel.fit` with `accum_steps=K` (`fit` at b" in page
+    for script in ("run.py --only breakdown --merge", "nonfinite_cost.py", "accumulate_lm.py"):
+        assert f"python benchmarks/{script}" in page, script
+        assert os.path.isfile(os.path.join(ROOT, "benchmarks", script.split()[0])), script
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        assert "every entry point" not in f.read()

@@ -261,8 +261,9 @@ def count_traces(samples: int = 200, b: int = 16, k: int = 4, epochs: int = 3,
     the last window are ragged. Returns one record per entry point: ``entry`` (its name),
     ``per_epoch`` (the new traces in each epoch: a trace after the first epoch means the
     function was built again, which costs time in every epoch that does it), ``total``, and
-    ``ok``, whether the function was traced in the first epoch only and at most twice (once
-    for the full and once for the ragged batch shape), as a compiled step should be.
+    ``ok``, True when the function was traced in the first epoch only and at most twice (once
+    for the full and once for the ragged batch shape): then no later epoch pays to build it
+    again, and a ragged last batch costs at most one extra trace.
     """
     x, y = benchmark_data("mlp", samples, data)
     ds_b = batched_dataset(x, y, b)

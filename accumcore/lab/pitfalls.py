@@ -629,7 +629,7 @@ def keras_gradient_accumulation(p: Problem) -> keras.Model:
 
 
 class SumRawGradientsModel(keras.Model):
-    """Popular recipe 1 (rewritten for Keras 3): a ``train_step`` that sums raw gradients.
+    """Recipe A (rewritten for Keras 3): a ``train_step`` that sums raw gradients.
 
     Each ``train_step`` adds the micro-batch's gradient to a running sum; every K steps the sum
     is applied and zeroed. The sum is never divided by K, so with SGD each update is K times
@@ -691,7 +691,7 @@ def sum_raw_gradients_train_step(p: Problem) -> keras.Model:
 
 
 def tf_function_epoch_divide_by_k(p: Problem) -> keras.Model:
-    """Popular recipe 2 (rewritten for Keras 3): a ``tf.function`` epoch loop over a dataset.
+    """Recipe B (rewritten for Keras 3): a ``tf.function`` epoch loop over a dataset.
 
     Every micro-batch adds ``grad / K``; the window is applied every K micro-batches and,
     after the loop, once more for a partial window: still divided by K instead of by its
