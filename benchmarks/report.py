@@ -1042,8 +1042,8 @@ def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
     b = results["memory"][0]["micro_batch"]
     lines = [f"Peak allocator memory in MiB (`get_memory_info('{results['device']}')['peak']`)"
              f", micro-batch b={b}; plain trains one batch of K·b."
-             + (" The last row, for scale, is the size of one copy of the trainable weights, "
-                "which the accumulators hold." if weights else ""), "",
+             + (" The last row is the accumulators' size: one copy of the trainable weights."
+                if weights else ""), "",
              "| method | " + " | ".join(f"K={k}" for k in ks) + " |",
              "|---|" + "---|" * len(ks)]
     for method, peaks in table.items():
