@@ -262,7 +262,8 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
         most 10 times)" (:func:`roundoff_ratio` to two significant digits, whole numbers from
         100, "equal to ... to two significant digits" when that rounds to 1, "below the larger
-        reordering control (0.75 times the smaller)" under several controls; "the reordering
+        reordering control (0.75 times the smaller)" under several controls (again "equal to
+        the smaller to two significant digits" for 1); "the reordering
         control" for one control, "the larger" for two, "the largest" for more), or "...
         more than the book's round-off rule (at most 10 times) allows" beyond
         :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its
@@ -287,8 +288,10 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
             verdict = f"equal to {which} to two significant digits: {verdict}"
         elif ratio < 1 and len(values) > 1 and smallest > 0:  # never "3.4e-05 times"
             least = "the smaller" if len(values) == 2 else "the smallest"
-            verdict = (f"below {which} ({difference / smallest:.2g} times {least}): "
-                       f"{verdict}")
+            times = f"{difference / smallest:.2g}"
+            against = (f"equal to {least} to two significant digits" if times == "1" else
+                       f"{times} times {least}")
+            verdict = f"below {which} ({against}): {verdict}"
         else:  # never "1.5e+02 times"
             shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
             verdict = f"{shown} times {which}: {verdict}"
