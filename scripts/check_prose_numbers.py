@@ -270,9 +270,6 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
         "`window_step` matched `train_on_batch`": "asserted: `assert rel <= 1e-4`; "
                                                   "`assert rel_50 <= 1e-4`",
     },
-    "03_model_fit": {
-        "the subclass's weights match": "asserted: `assert rel <= 1e-4`",
-    },
     "05_lr_sweeps": {
         "a schedule that rises linearly": "defines the warm-up schedule",
         "in brackets the rates **tied** with it": "defines the table's brackets",

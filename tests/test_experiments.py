@@ -288,6 +288,9 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     # says how the run compares with round-off that stayed small
     assert ex.roundoff_verdict(5.3e-7, [1.6e-2, 7.1e-7]) == (
         f"below the larger reordering control (0.75 times the smaller): within {rule}")
+    assert ex.roundoff_verdict(4.0e-7, [4.6e-7, 4.0e-7]) == (  # never "(1 times the smaller)"
+        "below the larger reordering control (equal to the smaller to two significant digits): "
+        f"within {rule}")
     assert ex.roundoff_verdict(2e-6, [1.6e-2, 1e-6]).startswith(
         "below the larger reordering control (2 times the smaller): within")
     assert ex.roundoff_verdict(1e-5, [2e-4]).startswith("0.05 times the reordering control")

@@ -262,7 +262,8 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
         most 10 times)" (:func:`roundoff_ratio` to two significant digits, whole numbers from
         100, "equal to ... to two significant digits" when that rounds to 1, "below the larger
-        reordering control (0.75 times the smaller)" under several controls; "the reordering
+        reordering control (0.75 times the smaller)" under several controls (again "equal to
+        the smaller to two significant digits" for 1); "the reordering
         control" for one control, "the larger" for two, "the largest" for more), or "...
         more than the book's round-off rule (at most 10 times) allows" beyond
         :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its
@@ -287,8 +288,10 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
             verdict = f"equal to {which} to two significant digits: {verdict}"
         elif ratio < 1 and len(values) > 1 and smallest > 0:  # never "3.4e-05 times"
             least = "the smaller" if len(values) == 2 else "the smallest"
-            verdict = (f"below {which} ({difference / smallest:.2g} times {least}): "
-                       f"{verdict}")
+            times = f"{difference / smallest:.2g}"
+            against = (f"equal to {least} to two significant digits" if times == "1" else
+                       f"{times} times {least}")
+            verdict = f"below {which} ({against}): {verdict}"
         else:  # never "1.5e+02 times"
             shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
             verdict = f"{shown} times {which}: {verdict}"
@@ -1029,7 +1032,8 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     ``|window - target| <= tie``; the statistics gap's cost is ``window - stock`` per seed,
     counted as stock higher beyond the tie, tied, or window higher beyond the tie
     (:func:`count_by_tie`). Only a difference beyond the tie on every seed is a consistent
-    one. Returns ``(case, advice)``, ``case`` one of ``BATCHNORM_ADVICE_CASES`` and
+    one; one side higher on every seed but not always beyond the tie is reported with that
+    direction count. Returns ``(case, advice)``, ``case`` one of ``BATCHNORM_ADVICE_CASES`` and
     ``advice`` a sentence in percentage points.
 
     Raises:
@@ -1063,9 +1067,21 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
         return "window higher", (
             f"{reproduced}: use WindowBatchNormalization (convert_batchnorm on an existing "
             "model)")
-    low, high = 100 * float(np.min(window - stock)), 100 * float(np.max(window - stock))
+    gap = window - stock
+    low, high = 100 * float(np.min(gap)), 100 * float(np.max(gap))
+    spread = (f"Window-level minus stock BN ranged from {low:+.2f} to {high:+.2f} points over "
+              f"the {seeds} seeds")
+    if np.all(gap < 0) or np.all(gap > 0):  # one side higher on every seed, not always beyond
+        side, beyond, effect = (("stock", stock_higher, "cost") if high < 0 else
+                                ("window-level", window_higher, "gain"))
+        return "no consistent difference", (
+            f"{reproduced}: {side} BN scored higher on {seeds} of {seeds} seeds, beyond the tie "
+            f"threshold on {beyond}. The direction was the same on every seed, its size beyond "
+            f"the test set's sampling noise on {beyond} of them: a small {effect} of "
+            f"reproducing the large batch is possible, and {seeds} seeds cannot size it. "
+            f"{spread}; before choosing for accuracy, compare both on more seeds of your own "
+            "model")
     return "no consistent difference", (
-        f"{reproduced}: no consistent cost or gain measured. Window-level minus stock BN "
-        f"ranged from {low:+.2f} to {high:+.2f} points over the {seeds} seeds: too few to tell "
+        f"{reproduced}: no consistent cost or gain measured. {spread}: too few to tell "
         "whether the statistics gap costs or gains accuracy on this net; before choosing for "
         "accuracy, compare both on more seeds of your own model")
