@@ -858,7 +858,8 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "exact for ragged windows, where Keras's mean of K micro-batch means is not. With "
         f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
         "without.",
-        f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9)*: "
+        f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9) compiled the "
+        "same way*: "
         f"{span('vs_minimal')}. The minimal accumulator is the least "
         "code that is still exact (the gradient of the summed loss added into accumulators, "
         "one `tf.cond` that divides once and applies), so this ratio is the price of "

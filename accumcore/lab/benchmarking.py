@@ -873,7 +873,8 @@ SUMMARY_RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("fit_vs_keras", "(4)/(3): AccumModel.fit / fit with Keras's accumulation, "
                      "steps_per_execution=1", FIT_RATIO_TARGET),
     ("fit_vs_keras_spe", "(4)/(3) at the large steps_per_execution", FIT_RATIO_TARGET),
-    ("vs_minimal", "fastest compiled AccumTrainer path / minimal accumulator (9)",
+    ("vs_minimal", "fastest compiled AccumTrainer path / minimal accumulator (9) compiled "
+                   "the same way",
      MINIMAL_RATIO_TARGET),
     ("vs_floor", "fastest of (5)/(6) / its floor (8)", FLOOR_RATIO_TARGET),
     ("vs_large_batch", "fastest accumcore path / plain fit at B (2)", None),
