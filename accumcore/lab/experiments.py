@@ -1072,13 +1072,10 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     spread = (f"Window-level minus stock BN ranged from {low:+.2f} to {high:+.2f} points over "
               f"the {seeds} seeds")
     if np.all(gap < 0) or np.all(gap > 0):  # one side higher on every seed, not always beyond
-        side, beyond, effect = (("stock", stock_higher, "cost") if high < 0 else
-                                ("window-level", window_higher, "gain"))
+        side, effect = ("stock", "cost") if high < 0 else ("window-level", "gain")
         return "no consistent difference", (
-            f"{reproduced}: {side} BN scored higher on {seeds} of {seeds} seeds, beyond the tie "
-            f"threshold on {beyond}. The direction was the same on every seed, its size beyond "
-            f"the test set's sampling noise on {beyond} of them: a small {effect} of "
-            f"reproducing the large batch is possible, and {seeds} seeds cannot size it. "
+            f"{reproduced}: {side} BN scored higher on all {seeds} seeds, so a small {effect} "
+            f"of reproducing the large batch is possible, and {seeds} seeds cannot size it. "
             f"{spread}; before choosing for accuracy, compare both on more seeds of your own "
             "model")
     return "no consistent difference", (
