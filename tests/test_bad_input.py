@@ -437,3 +437,35 @@ def test_the_trainers_message_names_only_calls_the_trainer_has():
     assert "effective_batch_size=" not in message.split(";", 1)[1], message
     with pytest.raises(ValueError, match="smaller than `micro_batch_size`=16.*accum_steps=1"):
         ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=8, micro_batch_size=16)
+
+
+@pytest.mark.parametrize("big, small, error, match", [
+    (True, 16, TypeError, "`effective_batch_size` must be a positive int.*bool"),
+    (100, False, TypeError, "`micro_batch_size` must be a positive int.*bool"),
+    (100.0, 16, TypeError, "`effective_batch_size` must be a positive int.*float"),
+    (np.int64(100), 16, ValueError, "not a multiple.*accum_steps=7.*alone"),
+    (100, np.int32(16), ValueError, "not a multiple.*accum_steps=7.*alone"),
+    (np.int64(8), 16, ValueError, "smaller than `micro_batch_size`=16.*accum_steps=1"),
+])
+def test_the_trainers_old_form_checks_every_integer_type_once(big, small, error, match):
+    """numpy ints get the trainer's own messages as Python ints do; bools and floats are
+    refused by the one positive-int check, naming the parameter."""
+    with pytest.raises(error, match=match):
+        ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=big,
+                        micro_batch_size=small)
+
+
+def test_the_trainer_refuses_accum_steps_beside_the_old_form_before_other_checks():
+    """``accum_steps`` with ``effective_batch_size`` is refused as "not both", whatever B / b."""
+    for big in (100, 64, 8):
+        with pytest.raises(ValueError, match="not both"):
+            ac.AccumTrainer(small_mlp(), sgd(), LOSS, accum_steps=4, effective_batch_size=big,
+                            micro_batch_size=16)
+
+
+def test_the_trainers_old_form_with_numpy_ints_trains_on_batches_of_b():
+    """A valid old form given numpy ints warns and resolves K = B / b as Python ints."""
+    with pytest.warns(FutureWarning, match="old form"):
+        trainer = ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=np.int64(64),
+                                  micro_batch_size=np.int64(16))
+    assert trainer.accum_steps == 4 and type(trainer.accum_steps) is int

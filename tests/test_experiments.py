@@ -302,6 +302,15 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     assert ex.roundoff_verdict(3e-2, [1e-4, 2e-4]).startswith("150 times the larger")
     assert ex.roundoff_verdict(2.5e-1, [1e-6]).startswith("250,000 times the reordering")
     assert "unused" not in ex.roundoff_verdict(1e-4, [2e-4], beyond="unused")
+    # the smaller control is worded by the same rule as the larger: whole numbers from 100
+    assert ex.roundoff_verdict(1.5e-4, [1e-3, 1e-6]) == (
+        f"below the larger reordering control (150 times the smaller): within {rule}")
+    assert ex.roundoff_verdict(1.2e-1, [1e3, 1e-6]).startswith(
+        "below the larger reordering control (120,000 times the smaller)")
+    assert ex.roundoff_verdict(1e-9, [1e-3]).startswith(
+        "less than 0.0001 times the reordering control: within")  # never "1e-06 times"
+    assert ex.roundoff_verdict(0.0, [1e-6, 2e-6]) == (
+        f"equal to its reference bit for bit, closer than the reordering controls: within {rule}")
     # controls that reproduce the reference bit for bit
     assert ex.roundoff_verdict(0.0, [0.0, 0.0]) == (
         f"equal to its reference, as the reordering controls are: within {rule}")

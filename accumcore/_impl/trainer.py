@@ -620,21 +620,22 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
     form's batch size b for arrays or None)``. The old form ``effective_batch_size=B,
     micro_batch_size=b`` (K = B / b, batches of b) warns, naming the new calls."""
     if effective_batch_size is not None:
-        big, small = effective_batch_size, micro_batch_size
-        if isinstance(big, int) and isinstance(small, int) and 0 < big < small:
+        # checks both values (positive ints, not bools) and refuses `accum_steps` beside them
+        resolve_accum_steps(accum_steps, effective_batch_size=effective_batch_size,
+                            micro_batch_size=micro_batch_size, exact=False)
+        big, small = int(effective_batch_size), int(micro_batch_size)
+        if big < small:
             raise ValueError(
                 f"`effective_batch_size`={big} is smaller than `micro_batch_size`={small}: a "
                 f"batch of {big} needs no accumulation; pass `AccumTrainer(..., "
                 f"accum_steps=1)` and `fit(x, y, batch_size={big})`.")
-        if isinstance(big, int) and isinstance(small, int) and big > 0 < small:
-            settings.check_multiple(big, small, (
-                f"pass `AccumTrainer(..., accum_steps={big // small + 1})` and "
-                f"`fit(x, y, batch_size={small})` (B = {(big // small + 1) * small}), or "
-                f"`AccumTrainer(..., micro_batch_size={small})` alone and "
-                f"`fit(x, y, batch_size={big})`: each batch of {big} is split into "
-                f"micro-batches of at most {small}, one update per batch"))
-        k = resolve_accum_steps(accum_steps, effective_batch_size=big,
-                                micro_batch_size=small)
+        settings.check_multiple(big, small, (
+            f"pass `AccumTrainer(..., accum_steps={big // small + 1})` alone (no "
+            f"`micro_batch_size`, no `effective_batch_size`) and `fit(x, y, batch_size={small})` "
+            f"(B = {(big // small + 1) * small}), or `AccumTrainer(..., micro_batch_size={small})` "
+            f"alone and `fit(x, y, batch_size={big})`: each batch of {big} is split into "
+            f"micro-batches of at most {small}, one update per batch"))
+        k = big // small
         warnings.warn(
             f"AccumTrainer(effective_batch_size={big}, micro_batch_size={small}) is the old "
             f"form: it trains on batches of {small}, {k} per update, and `fit`'s `batch_size` "
@@ -647,7 +648,7 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
             FutureWarning,
             stacklevel=3,
         )
-        return {"accum_steps": k}, micro_batch_size
+        return {"accum_steps": k}, small
     settings.require_a_way(accum_steps, micro_batch_size, "AccumTrainer")
     given = dict(accum_steps=accum_steps, micro_batch_size=micro_batch_size)
     return {name: value for name, value in given.items() if value is not None}, None

@@ -249,6 +249,19 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     return float(difference) / largest
 
 
+def _times(ratio: float, whom: str) -> str:
+    """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", for
+    :func:`roundoff_verdict`: two significant digits, whole numbers with thousands separators
+    from 100 (never "1.5e+02 times"), "less than 0.0001 times" below that (never "3.4e-05
+    times"), and "equal to <whom> to two significant digits" when the digits read 1."""
+    digits = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
+    if digits == "1":  # "1 times" would read as "equal"; say so, to what digits
+        return f"equal to {whom} to two significant digits"
+    if ratio < 1e-4:
+        return f"less than 0.0001 times {whom}"
+    return f"{digits} times {whom}"
+
+
 def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
     """The book's round-off rule in words: ``difference`` against the reordering controls.
 
@@ -266,7 +279,8 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         the smaller to two significant digits" for 1); "the reordering
         control" for one control, "the larger" for two, "the largest" for more), or "...
         more than the book's round-off rule (at most 10 times) allows" beyond
-        :data:`ROUNDOFF_FACTOR`. Controls all 0 (bit for bit): "equal to its
+        :data:`ROUNDOFF_FACTOR`. A difference of 0 beside nonzero controls: "equal to its
+        reference bit for bit, closer than ...". Controls all 0 (bit for bit): "equal to its
         reference, as the reordering controls are: within ..." or "not equal to its
         reference, though the reordering controls are: more than ...".
     """
@@ -275,6 +289,9 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
     rule = f"the book's round-off rule (at most {ROUNDOFF_FACTOR} times)"
     if ratio == 0 and max(values) == 0:
         return f"equal to its reference, as the reordering controls are: within {rule}"
+    if ratio == 0:
+        return ("equal to its reference bit for bit, closer than the reordering controls: "
+                f"within {rule}")
     within = ratio <= ROUNDOFF_FACTOR
     verdict = f"within {rule}" if within else f"more than {rule} allows"
     if math.isinf(ratio):
@@ -283,18 +300,12 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
                  "the largest reordering control")
+        against = _times(ratio, which)
         smallest = min(values)
-        if f"{ratio:.2g}" == "1":  # "1 times" would read as "equal"; say so, to what digits
-            verdict = f"equal to {which} to two significant digits: {verdict}"
-        elif ratio < 1 and len(values) > 1 and smallest > 0:  # never "3.4e-05 times"
+        if ratio < 1 and len(values) > 1 and smallest > 0 and not against.startswith("equal"):
             least = "the smaller" if len(values) == 2 else "the smallest"
-            times = f"{difference / smallest:.2g}"
-            against = (f"equal to {least} to two significant digits" if times == "1" else
-                       f"{times} times {least}")
-            verdict = f"below {which} ({against}): {verdict}"
-        else:  # never "1.5e+02 times"
-            shown = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
-            verdict = f"{shown} times {which}: {verdict}"
+            against = f"below {which} ({_times(difference / smallest, least)})"
+        verdict = f"{against}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
 
