@@ -581,32 +581,44 @@ def _tracing_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _probe_section(results: dict[str, Any]) -> list[str]:
+def _probe_section(results: dict[str, Any], inputs: str | None = None,
+                   plan: str | None = None, limit_setting: str = " (`TF_CPU_BFC_MEM_LIMIT_IN_MB`)"
+                   ) -> list[str]:
+    """The probe's table between its first and last sentence.
+
+    Args:
+        results: the suite's results; its ``"probe"`` record is read.
+        inputs: the clause after the memory said, from its ``,`` or ``:`` on (default
+            ": target B=<B>").
+        plan: the closing sentence (default: the largest fitting b, K, b and the effective
+            batch as the record holds them).
+        limit_setting: what follows the CPU limit in MiB (default: the setting that sets it).
+    """
     p = results.get("probe")
     if not p:
         return ["Not run in this mode (the search logic is unit-tested in "
                 "`tests/test_memory.py` with an injected predicate)."]
     if p.get("error"):
         return [f"Failed: {p['error']}"]
-    where = (f"the CPU allocator limited to {p['cpu_limit_mb']} MiB "
-             "(`TF_CPU_BFC_MEM_LIMIT_IN_MB`) plays the device memory" if p.get("cpu_limit_mb")
-             else f"the whole memory of `{p['device']}`")
+    where = (f"the CPU allocator limited to {p['cpu_limit_mb']} MiB{limit_setting} plays the "
+             "device memory" if p.get("cpu_limit_mb") else f"the whole memory of `{p['device']}`")
+    inputs = f": target B={p['target_batch_size']}" if inputs is None else inputs
     seconds = p.get("probe_seconds") or [None] * len(p["probes"])
     cells = [(str(b), "yes" if ok else "no", "" if t is None else f"{t:.1f}")
              for (b, ok), t in zip(p["probes"], seconds, strict=True)]
     return [
         f"`accumcore.memory.plan_accumulation` on the conv net (filters {p['filters']}), "
-        f"{where}: target B={p['target_batch_size']}. The probes, in the order they ran "
-        "(no: ResourceExhaustedError):",
+        f"{where}{inputs}. The probes, in the order they ran (no: ResourceExhaustedError):",
         "",
         "| probe | " + " | ".join(str(i) for i in range(1, len(cells) + 1)) + " |",
         "| --- |" + " --- |" * len(cells),
         *("| " + name + " | " + " | ".join(c[j] for c in cells) + " |"
           for j, name in enumerate(("micro-batch b", "fits", "seconds"))),
         "",
-        f"Largest micro-batch that fits: **{p['max_micro_batch']}**, so K={p['accum_steps']} "
-        f"micro-batches of {p['micro_batch_size']} (effective batch "
-        f"{p['effective_batch_size']}).",
+        plan if plan is not None else (
+            f"Largest micro-batch that fits: **{p['max_micro_batch']}**, so K={p['accum_steps']} "
+            f"micro-batches of {p['micro_batch_size']} (effective batch "
+            f"{p['effective_batch_size']})."),
     ]
 
 
@@ -982,7 +994,7 @@ def _check_cost_sentence(record: dict[str, Any]) -> str:
     if opposite:
         parts.append("at steps_per_execution " + "; ".join(opposite) + ", the intervals are "
                      "apart the other way: the run without the check was the slower one, so "
-                     "the machine's drift between the paired runs, not the check, decided it")
+                     "these runs show no cost of the check there")
     return ("Comparing the first two paired columns: " + ". And ".join(parts) + ".") if parts \
         else ""
 
@@ -1115,22 +1127,19 @@ def _reader_probe(results: dict[str, Any]) -> list[str]:
     p = results.get("probe")
     if not p:
         return ["Not run in this mode."]
-    lines = [line.replace(" (`TF_CPU_BFC_MEM_LIMIT_IN_MB`)", "")
-             for line in _probe_section(results)]
     if p.get("error"):
-        return lines
+        return _probe_section(results, limit_setting="")
     settings = results.get("settings", {})
     start, step = settings.get("probe_start"), settings.get("probe_multiple_of")
     inputs = (f", for updates of B={p['target_batch_size']}, probing multiples of {step} "
               f"from {start}" if start and step else f", for updates of B={p['target_batch_size']}")
-    lines[0] = lines[0].replace(f": target B={p['target_batch_size']}", inputs)
     big, best, k, b = (p["target_batch_size"], p["max_micro_batch"], p["accum_steps"],
                        p["micro_batch_size"])
     plan = (f"the fewest micro-batches whose size divides B and is at most {best}: K={k} of "
             f"b = {big} / {k} = {b} samples" if k * b == big else
             f"K={k} micro-batches of {b} ({k * b} samples per update)")
-    lines[-1] = f"Largest micro-batch that fits: **{best}**. For B={big} the plan takes {plan}."
-    return lines
+    return _probe_section(results, inputs, f"Largest micro-batch that fits: **{best}**. "
+                          f"For B={big} the plan takes {plan}.", limit_setting="")
 
 
 def _reader_throughput_tables(results: dict[str, Any]) -> list[str]:
