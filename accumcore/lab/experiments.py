@@ -249,11 +249,11 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     return float(difference) / largest
 
 
-def _times(ratio: float, whom: str) -> str:
-    """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", for
-    :func:`roundoff_verdict`: two significant digits, whole numbers with thousands separators
-    from 100 (never "1.5e+02 times"), "less than 0.0001 times" below that (never "3.4e-05
-    times"), and "equal to <whom> to two significant digits" when the digits read 1."""
+def times_words(ratio: float, whom: str) -> str:
+    """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", as
+    :func:`roundoff_verdict` words it: two significant digits, whole numbers with thousands
+    separators from 100 (never "1.5e+02 times"), "less than 0.0001 times" below 1e-4 (never
+    "3.4e-05 times"), and "equal to <whom> to two significant digits" when the digits read 1."""
     digits = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
     if digits == "1":  # "1 times" would read as "equal"; say so, to what digits
         return f"equal to {whom} to two significant digits"
@@ -300,11 +300,11 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
                  "the largest reordering control")
-        against = _times(ratio, which)
+        against = times_words(ratio, which)
         smallest = min(values)
         if ratio < 1 and len(values) > 1 and smallest > 0 and not against.startswith("equal"):
             least = "the smaller" if len(values) == 2 else "the smallest"
-            against = f"below {which} ({_times(difference / smallest, least)})"
+            against = f"below {which} ({times_words(difference / smallest, least)})"
         verdict = f"{against}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
