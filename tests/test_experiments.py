@@ -276,6 +276,14 @@ def test_roundoff_ratio_is_the_difference_in_units_of_the_largest_control():
     assert ex.roundoff_ratio(1e-9, [0.0]) == float("inf")
 
 
+def test_times_words_never_prints_exponents_or_one_times():
+    assert ex.times_words(194.3, "float16's") == "194 times float16's"
+    assert ex.times_words(0.43, "x") == "0.43 times x"
+    assert ex.times_words(1.004, "x") == "equal to x to two significant digits"
+    assert ex.times_words(3e-5, "x") == "less than 0.0001 times x"
+    assert ex.times_words(2.5e5, "x") == "250,000 times x"
+
+
 def test_roundoff_verdict_states_the_ratio_and_the_rule():
     rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
     assert ex.roundoff_verdict(3.2e-4, [1e-4, 2e-4]) == (

@@ -21,10 +21,10 @@ def test_seed_spread_is_max_minus_min():
     ([0.950, 0.960], [0.953, 0.957], "no consistent difference", "tied on 2 and lower on 0"),
     ([0.950, 0.960], [0.950, 0.970], "no consistent difference", "on 1 of 2 seeds, tied on 1"),
     # stock higher on both seeds, but on one only within the tie: the direction is reported
-    ([0.950, 0.960], [0.951, 0.970], "no consistent difference",
+    ([0.950, 0.960], [0.951, 0.970], "same direction",
      "on 1 of 2 seeds, tied on 1 and lower on 0: stock BN scored higher on all 2 seeds"),
     # window higher on both seeds, on one within the tie
-    ([0.950, 0.960], [0.940, 0.957], "no consistent difference",
+    ([0.950, 0.960], [0.940, 0.957], "same direction",
      "on 0 of 2 seeds, tied on 1 and lower on 1: window-level BN scored higher on all 2 seeds"),
     ([0.930, 0.960], [0.960, 0.970], "normalisation", "GroupNormalization, LayerNormalization"),
 ])
@@ -36,9 +36,10 @@ def test_batchnorm_advice_cases(window, stock, case, words):
     assert words in text
     if case != "normalisation":
         assert "within 0.10 points" in text
-    if case == "no consistent difference":  # "no consistent" only when the sign varies
+    if case in ("no consistent difference", "same direction"):  # tied on some seed
         same_sign = all(w < s for w, s in zip(window, stock)) or all(
             w > s for w, s in zip(window, stock))
+        assert (case == "same direction") is same_sign, case
         assert ("no consistent cost or gain measured" in text) is not same_sign, text
         assert ("cannot size it" in text) is same_sign, text
 
@@ -48,14 +49,21 @@ def test_batchnorm_advice_on_the_full_editions_seeds():
     window, stock, target = [0.9533, 0.9725, 0.9663], [0.9690, 0.9748, 0.9680], [0.9537,
                                                                                   0.9726, 0.9665]
     case, text = ex.batchnorm_advice(window, stock, target, tie=0.0037)
-    assert case == "no consistent difference"
+    assert case == "same direction"
     assert "higher beyond the tie threshold on 1 of 3 seeds, tied on 2 and lower on 0" in text
     assert "ranged from -1.57 to -0.17 points over the 3 seeds" in text, text
-    assert "lower on 0: stock BN scored higher on all 3 seeds, so a small cost" in text, text
+    assert "lower on 0: stock BN scored higher on all 3 seeds, so a cost" in text, text
     assert text.count("beyond the tie threshold") == 1, text  # the counts, said once
-    assert "a small cost of reproducing the large batch is possible" in text, text
+    assert "a cost of reproducing the large batch is possible" in text, text
     assert "no consistent cost or gain" not in text, text
     assert "either layer does" not in text
+
+
+def test_higher_on_every_seed_names_the_side_or_nothing():
+    assert ex.higher_on_every_seed([0.95, 0.96], [0.951, 0.97]) == "stock BN"
+    assert ex.higher_on_every_seed([0.95, 0.96], [0.94, 0.959]) == "window-level BN"
+    assert ex.higher_on_every_seed([0.95, 0.96], [0.94, 0.97]) == ""
+    assert ex.higher_on_every_seed([0.95, 0.96], [0.95, 0.97]) == ""  # a seed with no gap
 
 
 def test_count_by_tie_counts_each_seed_once():

@@ -41,8 +41,8 @@ reduction (the ``LossScaleOptimizer``'s own cross-replica check would read only 
 replica's share), the update applies the unscaled gradient with the inner optimizer and the
 loss scale follows ``LossScaleOptimizer``'s rule (``accumcore._impl.loss_scaling``).
 
-No decision in the compiled step is taken in Python on a tensor value, so the same graph is
-valid for TPUStrategy (untested here: no TPU).
+No decision in the compiled step is taken in Python on a tensor value (TPUStrategy would
+require that, but accumcore has never been run on a TPU: not supported).
 """
 
 from __future__ import annotations

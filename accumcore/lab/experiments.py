@@ -249,11 +249,11 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     return float(difference) / largest
 
 
-def _times(ratio: float, whom: str) -> str:
-    """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", for
-    :func:`roundoff_verdict`: two significant digits, whole numbers with thousands separators
-    from 100 (never "1.5e+02 times"), "less than 0.0001 times" below that (never "3.4e-05
-    times"), and "equal to <whom> to two significant digits" when the digits read 1."""
+def times_words(ratio: float, whom: str) -> str:
+    """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", as
+    :func:`roundoff_verdict` words it: two significant digits, whole numbers with thousands
+    separators from 100 (never "1.5e+02 times"), "less than 0.0001 times" below 1e-4 (never
+    "3.4e-05 times"), and "equal to <whom> to two significant digits" when the digits read 1."""
     digits = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
     if digits == "1":  # "1 times" would read as "equal"; say so, to what digits
         return f"equal to {whom} to two significant digits"
@@ -300,11 +300,11 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
                  "the largest reordering control")
-        against = _times(ratio, which)
+        against = times_words(ratio, which)
         smallest = min(values)
         if ratio < 1 and len(values) > 1 and smallest > 0 and not against.startswith("equal"):
             least = "the smaller" if len(values) == 2 else "the smallest"
-            against = f"below {which} ({_times(difference / smallest, least)})"
+            against = f"below {which} ({times_words(difference / smallest, least)})"
         verdict = f"{against}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
@@ -1027,8 +1027,17 @@ def _tie_counts_words(counts: tuple[int, int, int]) -> str:
 
 
 #: The cases of :func:`batchnorm_advice`.
-BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "no consistent difference",
-                          "normalisation")
+BATCHNORM_ADVICE_CASES = ("stock higher", "window higher", "same direction",
+                          "no consistent difference", "normalisation")
+
+
+def higher_on_every_seed(window: Sequence[float], stock: Sequence[float]) -> str:
+    """Which BN layer scored higher on every seed, ties or not: ``"stock BN"``,
+    ``"window-level BN"``, or ``""`` when the sign of ``window - stock`` varies or is 0 on a
+    seed (accuracies as fractions, the i-th of each from seed i): the direction that
+    :func:`batchnorm_advice` reports as its ``"same direction"`` case."""
+    gap = np.asarray(window, np.float64) - np.asarray(stock, np.float64)
+    return "stock BN" if np.all(gap < 0) else "window-level BN" if np.all(gap > 0) else ""
 
 
 def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
@@ -1042,13 +1051,12 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     on the test set): window-level BN *reproduces* the target when on every seed
     ``|window - target| <= tie``; the statistics gap's cost is ``window - stock`` per seed,
     counted as stock higher beyond the tie, tied, or window higher beyond the tie
-    (:func:`count_by_tie`). Only a difference beyond the tie on every seed is a consistent
-    one; one side higher on every seed but not always beyond the tie is reported with that
-    direction count. Returns ``(case, advice)``, ``case`` one of ``BATCHNORM_ADVICE_CASES`` and
-    ``advice`` a sentence in percentage points.
+    (:func:`count_by_tie`); one side higher on every seed, not always beyond the tie, is
+    ``"same direction"`` (:func:`higher_on_every_seed`). Returns ``(case, advice)``: ``case``
+    one of ``BATCHNORM_ADVICE_CASES``, ``advice`` a sentence in percentage points.
 
     Raises:
-        ValueError: if the three sequences are empty or differ in length.
+        ValueError: if the sequences are empty, differ in length or hold a non-finite value.
     """
     window, stock, target = (np.asarray(v, np.float64) for v in (window, stock, target))
     if not window.size or not window.shape == stock.shape == target.shape:
@@ -1078,17 +1086,16 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
         return "window higher", (
             f"{reproduced}: use WindowBatchNormalization (convert_batchnorm on an existing "
             "model)")
-    gap = window - stock
-    low, high = 100 * float(np.min(gap)), 100 * float(np.max(gap))
+    low, high = (100 * float(extreme(window - stock)) for extreme in (np.min, np.max))
     spread = (f"Window-level minus stock BN ranged from {low:+.2f} to {high:+.2f} points over "
               f"the {seeds} seeds")
-    if np.all(gap < 0) or np.all(gap > 0):  # one side higher on every seed, not always beyond
-        side, effect = ("stock", "cost") if high < 0 else ("window-level", "gain")
-        return "no consistent difference", (
-            f"{reproduced}: {side} BN scored higher on all {seeds} seeds, so a small {effect} "
-            f"of reproducing the large batch is possible, and {seeds} seeds cannot size it. "
-            f"{spread}; before choosing for accuracy, compare both on more seeds of your own "
-            "model")
+    side = higher_on_every_seed(window, stock)  # on every seed, not always beyond the tie
+    if side:
+        return "same direction", (
+            f"{reproduced}: {side} scored higher on all {seeds} seeds, so a "
+            f"{'cost' if side == 'stock BN' else 'gain'} of reproducing the large batch is "
+            f"possible, and {seeds} seeds cannot size it. {spread}; before choosing for "
+            "accuracy, compare both on more seeds of your own model")
     return "no consistent difference", (
         f"{reproduced}: no consistent cost or gain measured. {spread}: too few to tell "
         "whether the statistics gap costs or gains accuracy on this net; before choosing for "
