@@ -890,11 +890,12 @@ _COUNTED = (r"(?:runs|seeds|updates|windows|epochs|steps|times|samples|batches|m
 #: page's sentences with the glued values in place, and reported only where the match touches
 #: a glued value (a written sentence is the author's own).
 TEMPLATE_ARTEFACTS: dict[str, str] = {
-    r"[{}]": "a brace: a format field left unfilled",
+    r"\{(?![a-z][\w:-]*\}`)|(?<![a-z])\}(?!`)":  # a MyST role in glued Markdown is no field
+        "a brace: a format field left unfilled",
     r"\bNone\b(?! of\b)": "Python's None where a value or a word belongs",
     r"(?<![\w.])-?(?:nan|inf)(?!\w|\.\d)": "a float that is no number (nan, inf)",
     r"(?<![\w.,+-])0(?:\.0+)? times\b": "'0 times': say what it means (never, none, equal)",
-    r"\b(?:on|in) 0(?=[,;:.)]|$| and\b| or\b)|(?<![\w.,+-])0 of \d":
+    r"\b(?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)|(?<![\w.,+-])0 of \d":
         "a count of zero ('lower on 0', '0 of 3 seeds'): say 'none' or leave the clause out",
     r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seeds')",
     r"\ball [012](?!\w|[.,]\d)": "'all 2' is 'both' ('all 1', 'all 0' are no 'all')",
@@ -1029,7 +1030,7 @@ def unexplained_control_spread(notebook: dict) -> list[str]:
     return list(dict.fromkeys(
         f"reordering controls {CONTROL_SPREAD} times apart or more, no explanation of the jump "
         f"glued (a quoted *_controls_note): {where}" for where, numbers in pairs
-        if max(numbers) >= CONTROL_SPREAD * min(numbers)))
+        if 0 < max(numbers) >= CONTROL_SPREAD * min(numbers)))
 
 def read_executed(path: pathlib.Path) -> dict:
     """An executed page, with the glue values its build kept beside it, if any."""
