@@ -36,7 +36,9 @@ to 6") that no numbered heading of the page carries (another page's section, "ch
 section 3", is not checked); and a value glued from a file rather than computed by the page's
 code (``glued_from_files``: a glue whose value depends on something read with ``open``,
 ``json.load``, ``np.load`` or a function that reads a file), unless ``ALLOWED_FILE_GLUE``
-lists it for that page with why. These read the sources too, so ``tests/test_prose_numbers.py``
+lists it for that page with why; and a linter pragma (``PRAGMA``: ``noqa``, ``type: ignore``,
+``pragma: no cover``, ``fmt: off``, ...) in a code cell readers see, a folded ``hide-input``
+cell included (``pragmas_shown``). These read the sources too, so ``tests/test_prose_numbers.py``
 runs them on ``book/*.ipynb`` without a build. The prose (markdown cells, and the Markdown pages
 through ``markdown_page_problems``; not code, code spans or outputs, where Python's ``assert``
 is at home) must not speak the tests' language: "asserted", "the assert(s)", "the cell asserts
@@ -55,8 +57,17 @@ rewritten.
 The sixth rule reads the rendered pages (``--html``): no page may show a GitHub issue reference
 (``owner/repo#123``, "issue #123"), an internal module path (``tensorflow.python.``,
 ``keras.src.``), a raw object repr (``<function f>``, ``<factory>``, ``object at 0x...``) or a
-private name in a parameter list (``_errors (dict)``), and no page says one sentence twice
-(``rendered_page_problems``).
+private name in a parameter list (``_errors (dict)``) or a linter pragma, and no page says
+one sentence twice (``rendered_page_problems``).
+
+The seventh rule reads the executed pages' glue (``executed_page_problems``): a glued value,
+put in its sentence as readers see it, must not read as a degenerate or unfilled template
+(``template_artefacts``: "all 2 epochs", "lower on 0", "0 of 2 seeds", "3 of 3", "1 seeds",
+"0 times", a range ending at update 1 or at its own start, an empty string, braces, ``None``,
+``nan``; only where the match touches a glued value); and sibling reordering controls
+``CONTROL_SPREAD`` (100) times apart or more (glued as ``<name>_controls`` and quoted, or printed
+after "reordering controls") need a glued explanation the prose quotes
+(``<name>_controls_note`` naming the jump: ``unexplained_control_spread``).
 
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
 and one per uncomputed comparison); python scripts/check_prose_numbers.py --html HTML_DIR
@@ -587,6 +598,29 @@ def machinery_shown(notebook: dict) -> list[str]:
     return problems
 
 
+#: A linter's pragma in a code line's comment (``noqa``, ``type: ignore``, ``pragma: no
+#: cover``, ``fmt: off``, ``pylint: disable``, ...): the project's tooling, not the lesson.
+PRAGMA = re.compile(
+    r"#\s*(?:noqa\b|type:\s*ignore\b|pragma:\s*no\s*(?:cover|branch)\b|fmt:\s*(?:on|off|skip)\b"
+    r"|(?:pylint|ruff|isort|mypy|pyright|flake8)\s*:|nosec\b)", re.I)
+#: Tags that keep a code cell's source off the page (``hide-input`` only folds it: a reader
+#: who unfolds the cell sees every line).
+SOURCE_REMOVED = {"remove-cell", "remove-input"}
+
+
+def pragmas_shown(notebook: dict) -> list[str]:
+    """The lines of code cells a reader can see (unfolded ``hide-input`` cells included) that
+    carry a linter pragma (``PRAGMA``), one problem each."""
+    problems = []
+    for cell in notebook["cells"]:
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell["cell_type"] != "code" or tags & SOURCE_REMOVED:
+            continue
+        problems += [f"machinery shown: a linter pragma in code readers see: {line.strip()!r}"
+                     for line in "".join(cell["source"]).splitlines() if PRAGMA.search(line)]
+    return problems
+
+
 _SECTION_REFERENCE = re.compile(
     r"(?<!'s )\bsections? (\d+(?:(?:,| and| to|-) ?\d+)*)", re.I)
 _NUMBERED_HEADING = re.compile(r"^#{2,4} (\d+)\.", re.M)
@@ -788,13 +822,14 @@ def markup_in_glue(notebook: dict) -> list[str]:
 
 def executed_page_problems(stem: str, notebook: dict) -> list[str]:
     """The problems only an executed page shows: glued numbers that no output prints, glued
-    text with markup in it."""
+    text with markup in it or read as a degenerate template, sibling reordering controls far
+    apart with no explanation."""
     problems = (unprinted_glue(notebook) + unprinted_markdown_glue(notebook)
                 + markup_in_glue(notebook))
     if stem in GLUE_PRINT_PENDING:
-        return [] if problems else [
+        problems = [] if problems else [
             "GLUE_PRINT_PENDING lists the page, but it prints every glued number now"]
-    return problems
+    return problems + template_artefacts(notebook) + unexplained_control_spread(notebook)
 
 
 def with_build_glue(notebook: dict, glue: dict) -> dict:
@@ -845,6 +880,158 @@ def unrecorded_glue(notebook: dict) -> list[str]:
         for key, _ in quoted_glue(notebook, _GLUE_ROLE) if key not in recorded))
 
 
+# ---------------------------------------------------------------------------- glued templates
+#: Nouns a page counts: after "1" they take the singular ("1 runs" is a template's plural).
+_COUNTED = (r"(?:runs|seeds|updates|windows|epochs|steps|times|samples|batches|micro-batches"
+            r"|controls|rates|points|bars|cases|replicas|devices|images|rows|tokens|repeats"
+            r"|rounds|sizes|layers|weights|digits|pages)")
+#: What glued text shows when a template was filled with a degenerate value, or not at all:
+#: regular expression (case-sensitive: "NaN" and "None of" are words) -> why. Matched on the
+#: page's sentences with the glued values in place, and reported only where the match touches
+#: a glued value (a written sentence is the author's own).
+TEMPLATE_ARTEFACTS: dict[str, str] = {
+    r"\{(?![a-z][\w:-]*\}`)|(?<![a-z])\}(?!`)":  # a MyST role in glued Markdown is no field
+        "a brace: a format field left unfilled",
+    r"\bNone\b(?! of\b)": "Python's None where a value or a word belongs",
+    r"(?<![\w.])-?(?:nan|inf)(?!\w|\.\d)": "a float that is no number (nan, inf)",
+    r"(?<![\w.,+-])0(?:\.0+)? times\b": "'0 times': say what it means (never, none, equal)",
+    r"\b(?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)|(?<![\w.,+-])0 of \d":
+        "a count of zero ('lower on 0', '0 of 3 seeds'): say 'none' or leave the clause out",
+    r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seeds')",
+    r"\ball [012](?!\w|[.,]\d)": "'all 2' is 'both' ('all 1', 'all 0' are no 'all')",
+    r"(?<![\w.,+-])(\d+) of \1(?!\w|[.,]\d)": "'3 of 3': say 'all 3' or 'every'",
+    r"\b(?:up to|through|until|over the first|for the first|in the first) "
+    r"(?:update|window|epoch|step|seed|batch)(?:es|s)? 1(?!\w|[.,]\d)":
+        "a range that ends at 1 ('up to update 1'): say what happened at 1",
+    r"(?<![\w.-])(-?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?) to \1(?!\w|[.,]\d)":
+        "a range from a value to itself",
+}
+_GLUE_ANY_ROLE = re.compile(r"\{glue:(?:text|md)\}`(\w+)(?::([^`]*))?`")
+
+
+def glued_texts(notebook: dict) -> dict[str, str]:
+    """The text each glued value shows where the prose quotes it: glued Markdown as written,
+    a glued string without its quotes, any other value as its repr (``None``, ``nan``)."""
+    texts = {}
+    for cell in notebook["cells"]:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            data = output.get("data", {})
+            markdown, plain = (data.get(GLUE_PREFIX + "text/markdown"),
+                               data.get(GLUE_PREFIX + "text/plain"))
+            if not name or (markdown is None and plain is None):
+                continue
+            raw = "".join(markdown if markdown is not None else plain)
+            try:
+                value = raw if markdown is not None else ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = raw
+            texts[name] = value if isinstance(value, str) else raw
+    return texts
+
+
+def _filled(written: str, texts: dict[str, str], values: dict) -> tuple[str, list]:
+    """``written`` (a sentence) with each quoted glue replaced by what it shows, and the
+    (start, end, key) spans of the glued values in the result (a number in its format)."""
+    filled, spans, at = [], [], 0
+    for match in _GLUE_ANY_ROLE.finditer(written):
+        key, fmt = match.group(1), match.group(2)
+        text, value = texts.get(key, ""), values.get(key)
+        if fmt and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                text = format(value, fmt)
+            except ValueError:
+                pass
+        filled.append(written[at:match.start()])
+        start = sum(len(part) for part in filled)
+        filled.append(text)
+        spans.append((start, start + len(text), key))
+        at = match.end()
+    filled.append(written[at:])
+    return "".join(filled), spans
+
+
+def template_artefacts(notebook: dict) -> list[str]:
+    """Glued text the prose quotes that reads as an unfilled or degenerate template
+    (``TEMPLATE_ARTEFACTS``; an empty glued string too), one problem each with the sentence
+    as readers see it."""
+    texts, values = glued_texts(notebook), _glued_values(notebook)
+    problems = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for written, _ in sentences("".join(cell["source"])):
+            filled, spans = _filled(written, texts, values)
+            problems += [f"glued text {key!r} is empty: {written}" for _, _, key in spans
+                         if key in texts and not texts[key].strip()]
+            for pattern, why in TEMPLATE_ARTEFACTS.items():
+                for match in re.finditer(pattern, filled):
+                    if any(start < match.end() and match.start() < end
+                           or start == end == match.end() for start, end, _ in spans):
+                        problems.append(f"template artefact in glued text ({why}): "
+                                        f"{match.group(0)!r} in: {filled}")
+    return list(dict.fromkeys(problems))
+
+
+# ---------------------------------------------------------------------------- control spread
+#: Two reordering controls of one comparison this many times apart or more need a printed
+#: explanation: they measure the same round-off, so such a spread is a jump in one of them.
+CONTROL_SPREAD = 100
+_SCIENTIFIC = re.compile(r"(?<![\w.])\d+(?:\.\d+)?e[-+]?\d+(?![\w.])", re.I)
+#: A glued pair of controls ("7.6e-07 and 8.2e-07"): its key ends in ``controls``.
+_CONTROLS_KEY = re.compile(r"(?:^|_)controls$")
+#: A glued explanation of the controls (``controls_note``, ``weighted_controls_note``), quoted
+#: by the prose. It explains a spread if it names the jump (``_JUMP``: "the reversed control
+#: jumped in one update, likely because ...") and does not open with "no" ("no control jumped
+#: tenfold ..."): a note on what the largest control shows explains no spread between them.
+_CONTROLS_NOTE_KEY = re.compile(r"(?:^|_)controls?_(?:note|why)$")
+_JUMP = re.compile(r"\b(?:jump|diverg)\w*", re.I)
+
+
+def _printed_control_pairs(notebook: dict) -> list[tuple[str, list[float]]]:
+    """The controls a visible output prints after "reordering controls", in scientific
+    notation, up to the end of the clause (a ';' or ': ' after the first number)."""
+    pairs = []
+    for line in _outputs_shown(notebook).splitlines():
+        for match in re.finditer(r"\breordering controls\b", line, re.I):
+            rest, numbers, last = line[match.end():], [], 0
+            for number in _SCIENTIFIC.finditer(rest):
+                if numbers and re.search(r";|: ", rest[last:number.start()]):
+                    break
+                numbers.append(float(number.group(0)))
+                last = number.end()
+            if len(numbers) >= 2:
+                pairs.append((line.strip(), numbers))
+    return pairs
+
+
+def _outputs_shown(notebook: dict) -> str:
+    """The text of the outputs a page shows (not its sources, not its glue records)."""
+    return "\n".join(_output_text(output) for cell in notebook["cells"]
+                     if cell["cell_type"] == "code"
+                     for output in cell.get("outputs", [])
+                     if "scrapbook" not in output.get("metadata", {})
+                     and _shown(output, set(cell.get("metadata", {}).get("tags", []))))
+
+
+def unexplained_control_spread(notebook: dict) -> list[str]:
+    """Sibling reordering controls ``CONTROL_SPREAD`` times apart or more (glued as
+    ``<name>_controls`` and quoted, or printed after "reordering controls") on a page whose
+    prose quotes no glued explanation (``<name>_controls_note`` naming the jump, not opening
+    with "no"), one problem per pair."""
+    texts = glued_texts(notebook)
+    quoted = {key for key, _ in quoted_glue(notebook, _GLUE_ANY_ROLE)}
+    pairs = [(f"{key}: {texts[key]}", [float(n) for n in _SCIENTIFIC.findall(texts[key])])
+             for key in sorted(quoted & set(texts)) if _CONTROLS_KEY.search(key)]
+    pairs = [pair for pair in pairs + _printed_control_pairs(notebook) if len(pair[1]) >= 2]
+    if any(_CONTROLS_NOTE_KEY.search(key) and _JUMP.search(texts.get(key, ""))
+           and not re.match(r"\s*no\b", texts[key], re.I) for key in quoted):
+        return []
+    return list(dict.fromkeys(
+        f"reordering controls {CONTROL_SPREAD} times apart or more, no explanation of the jump "
+        f"glued (a quoted *_controls_note): {where}" for where, numbers in pairs
+        if 0 < max(numbers) >= CONTROL_SPREAD * min(numbers)))
+
 def read_executed(path: pathlib.Path) -> dict:
     """An executed page, with the glue values its build kept beside it, if any."""
     notebook = json.loads(path.read_text(encoding="utf-8"))
@@ -860,8 +1047,8 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
     if stem in FILE_GLUE_PENDING:
         from_files = [] if from_files else [
             "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
-    return (machinery_shown(notebook) + missing_sections(notebook) + from_files
-            + notebook_assert_words(notebook))
+    return (machinery_shown(notebook) + pragmas_shown(notebook) + missing_sections(notebook)
+            + from_files + notebook_assert_words(notebook))
 
 
 # ---------------------------------------------------------------------------- assert words
@@ -896,6 +1083,8 @@ RENDERED: dict[str, str] = {
         "a raw object repr in a signature or text: write what it is",
     r"(?<![\w.])_[a-z]\w* \(": "a private name in a rendered parameter list: readers cannot "
                                 "pass it",
+    PRAGMA.pattern: "a linter pragma in code readers see (a folded cell unfolds): the "
+                    "project's tooling, not the lesson",
     r"\bchapter (\d+[a-z]?)[,:(]? \(?\1\. ":
         "a chapter's number said twice (a hand-written 'Chapter N,' before a link whose title "
         "starts 'N.')",
@@ -1019,8 +1208,8 @@ def main_html(folder: pathlib.Path) -> int:
     for line in problems:
         print(line)
     print(f"check_prose_numbers --html: {len(pages)} pages, {len(problems)} problems (issue "
-          "references, internal module paths, raw reprs, private parameters, repeated "
-          "sentences)")
+          "references, internal module paths, raw reprs, private parameters, linter pragmas, "
+          "repeated sentences)")
     return 1 if problems else 0
 
 
@@ -1029,7 +1218,7 @@ USAGE = """usage: check_prose_numbers.py [EXECUTED_DIR]
 
 EXECUTED_DIR: the executed notebooks of a build (default _build/jupyter_execute/book).
 --html HTML_DIR: the rendered pages of a build (e.g. _build/html): issue references, internal
-module paths, raw object reprs, private parameter names and sentences said twice."""
+module paths, raw object reprs, private parameter names, linter pragmas and sentences said twice."""
 
 
 def main(argv: list[str]) -> int:
@@ -1062,7 +1251,8 @@ def main(argv: list[str]) -> int:
         print(line)
     print(f"check_prose_numbers: {len(notebooks)} pages, {len(failures)} unshown numbers, "
           f"{len(compared)} uncomputed comparisons, known contradictions, machinery, missing "
-          "sections, values glued from files or glued numbers not printed")
+          "sections, values glued from files, glued numbers not printed, glued template "
+          "artefacts or unexplained control spreads")
     return 1 if failures or compared else 0
 
 

@@ -681,3 +681,133 @@ def test_python_s_assert_in_code_and_outputs_is_not_prose():
     assert checker.markdown_page_problems("The `assert` statement is Python's.") == []
     page = _page("It is exact.", output="asserted: the assert held", code="assert ok")
     assert checker.page_problems("09_x", page) == []
+
+
+# ---------------------------------------------------------------------------- linter pragmas
+@pytest.mark.parametrize("tags, flagged", [((), True), (("hide-input",), True),
+                                           (("remove-input",), False), (("remove-cell",), False)])
+def test_a_linter_pragma_in_code_readers_see_is_machinery(tags, flagged):
+    """Chapter 3's folded cell showed `# noqa: E731` to a reader who unfolded it: a
+    ``hide-input`` cell is seen; a removed source is not."""
+    page = _page("text", code='controls_text = lambda cs: " and ".join(cs)  # noqa: E731',
+                 tags=tags)
+    assert bool(checker.pragmas_shown(page)) is flagged
+    assert bool(checker.page_problems("09_x", page)) is flagged
+
+
+@pytest.mark.parametrize("line, flagged", [
+    ("import os  # noqa", True), ("x = f()  # type: ignore[attr-defined]", True),
+    ("if x:  # pragma: no cover", True), ("# fmt: off", True),
+    ("y = g()  # pylint: disable=invalid-name", True),
+    ("def controls_text(cs):", False), ("# the type: a float", False),
+    ("x = 1  # fmt is the format", False), ("# no QA needed: it is exact", False),
+])
+def test_each_kind_of_pragma_is_found_and_plain_comments_pass(line, flagged):
+    assert bool(checker.pragmas_shown(_page("text", code=line))) is flagged, line
+
+
+def test_a_rendered_page_showing_a_pragma_fails():
+    assert checker.rendered_page_problems(_html("<pre>f = lambda c: c  # noqa: E731</pre>"))
+    assert checker.rendered_page_problems(_html("<pre>def f(c):\n    return c</pre>")) == []
+
+
+# ---------------------------------------------------------------------------- glued templates
+@pytest.mark.parametrize("markdown, bad, good", [
+    ("It used all {glue:text}`n` epochs.", {"n": 2}, {"n": 5}),  # "all 2": both
+    ("It ran on {glue:text}`n` seeds.", {"n": 1}, {"n": 3}),
+    ("The gap grew up to update {glue:text}`k`.", {"k": 1}, {"k": 37}),
+    ("It is {glue:text}`ratio_words` the control.", {"ratio_words": "0 times"},
+     {"ratio_words": "10 times"}),
+    ("Stock BN: {glue:text}`counts`.",  # chapter 6b's counts, quick edition
+     {"counts": "scored higher beyond the tie threshold on 0 of 2 seeds, tied on 1 and lower "
+                "on 1"},
+     {"counts": "scored higher beyond the tie threshold on none of the 2 seeds, tied on 1 and "
+                "lower on 1"}),
+    ("Stock BN: {glue:text}`counts`.",  # chapter 6b's counts, full edition
+     {"counts": "tied on 2 and lower on 0: higher on 3 of 3 seeds"},
+     {"counts": "tied on 2 and never lower: higher on every seed"}),
+    ("It ended {glue:text}`verdict`.", {"verdict": ""}, {"verdict": "a tie"}),
+    ("It ended {glue:text}`verdict`.", {"verdict": "{ratio:.2f} times"},
+     {"verdict": "2.1 times"}),
+    ("The rate: {glue:text}`rate`.", {"rate": None}, {"rate": "None of the rates trained"}),
+    ("The gap: {glue:text}`gap:.2f`.", {"gap": float("nan")}, {"gap": 0.25}),
+    ("The exponent spans {glue:text}`span`.", {"span": "0.32 to 0.32"},
+     {"span": "-0.32 to 0.32"}),
+])
+def test_glued_text_that_reads_as_a_degenerate_template_fails(markdown, bad, good):
+    """What fresh readers found glued: "all 2 epochs", "lower on 0", "0 of 2 seeds", a range
+    ending at update 1, "1 seeds", an empty verdict, braces, None, nan."""
+    assert checker.template_artefacts(_glued_page(markdown, "x\n", bad)), bad
+    assert checker.template_artefacts(_glued_page(markdown, "x\n", good)) == [], good
+
+
+def test_a_template_artefact_is_reported_only_where_a_glued_value_is():
+    """Written prose is the author's own ("all 2" in a sentence no glue fills)."""
+    page = _glued_page("Both of the 2 layers, all 2 of them: {glue:text}`n` runs.", "x\n",
+                       {"n": 3})
+    assert checker.template_artefacts(page) == []
+
+
+@pytest.mark.parametrize("glued", [
+    "in 0.5 s, on 0.25 of the data", "10 times the control, 1 run, 11 runs, 1,000 runs",
+    "all 20 seeds, all 3 of them", "up to update 12, through epoch 1.5", "from 1 to 10",
+    "see {doc}`chapter 3 <03_model_fit>`", "NaN in one micro-batch, Inf in another",
+    "0.10 to 0.1", "on 1 of 3 seeds, 12 of 13",
+])
+def test_glued_text_that_only_resembles_a_template_passes(glued):
+    page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
+    assert checker.template_artefacts(page) == [], glued
+
+
+def test_main_reports_a_build_s_template_artefact(tmp_path, capsys):
+    _build_page(tmp_path, "It used {glue:text}`stop_text`.", "x\n",
+                {"stop_text": "all 2 epochs"})
+    assert checker.main([str(tmp_path)]) == 1
+    assert "template artefact in glued text ('all 2' is 'both'" in capsys.readouterr().out
+    _build_page(tmp_path, "It used {glue:text}`stop_text`.", "x\n", {"stop_text": "both epochs"})
+    assert checker.main([str(tmp_path)]) == 0
+
+
+# ---------------------------------------------------------------------------- control spread
+_JUMPED = ("the reversed control jumped in one update, likely because a sum in another order "
+           "differs in its last bits and a ReLU's derivative is a step")
+
+
+@pytest.mark.parametrize("controls, note, flagged", [
+    ("1.8e-02 and 8.4e-07", None, True),  # chapter 3's weighted run, full edition
+    ("1.8e-02 and 8.4e-07", _JUMPED, False),
+    ("1.8e-02 and 8.4e-07", "no control jumped tenfold in one update", True),
+    ("1.8e-02 and 8.4e-07",  # the note a reader found beside them: it explains no spread
+     "the largest shows how far a reordering alone moved plain Keras in this run", True),
+    ("7.6e-07 and 8.2e-07", None, False),
+    ("8.4e-05 and 8.4e-07", None, True),  # exactly 100 times
+    ("0.0e+00 and 0.0e+00", None, False),  # both bit for bit: no spread
+    ("2.0e-07 and 0.0e+00", None, True),  # one bit for bit, the other not
+])
+def test_glued_sibling_controls_far_apart_need_a_glued_explanation(controls, note, flagged):
+    glued = {"weighted_controls": controls, **({"controls_note": note} if note else {})}
+    markdown = "Its controls {glue:text}`weighted_controls`." + (
+        " Per update, {glue:text}`controls_note`." if note else "")
+    problems = checker.unexplained_control_spread(_glued_page(markdown, "x\n", glued))
+    assert bool(problems) is flagged, problems
+
+
+@pytest.mark.parametrize("printed, tags, flagged", [
+    ("reordering controls: reversed 1.52e-05, shuffled 1.66e-03; larger control: 1.8\n", (),
+     True),
+    ("reordering controls: reversed 1.52e-05, shuffled 1.66e-05; larger control: 1.8\n", (),
+     False),
+    ("reordering controls 7.6e-07 and 8.2e-07: 4.1e-05 times the larger\n", (), False),
+    ("reordering controls vs batch 64: reversed rel = 1.27e-02, shuffled rel = 1.38e-06\n",
+     (), True),
+    ("reordering controls vs batch 64: reversed rel = 1.27e-02, shuffled rel = 1.38e-06\n",
+     ("remove-output",), False),
+])
+def test_printed_sibling_controls_far_apart_need_a_glued_explanation(printed, tags, flagged):
+    """A printed pair after "reordering controls", up to its clause's end (the ratio after
+    ': ' is not a control); an output the page hides is not read."""
+    page = _glued_page("It ends as the controls do.", printed, {}, tags=tags)
+    assert bool(checker.unexplained_control_spread(page)) is flagged
+    explained = _glued_page("It ends as the controls do; {glue:text}`controls_note`.", printed,
+                            {"controls_note": _JUMPED}, tags=tags)
+    assert checker.unexplained_control_spread(explained) == []
