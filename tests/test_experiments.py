@@ -327,3 +327,9 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
         f"{rule} allows")
     with pytest.raises(ValueError, match="controls"):
         ex.roundoff_verdict(1e-3, [])
+
+
+def test_ratio_digits_prints_no_scientific_notation():
+    assert [ex.ratio_digits(r) for r in (0.0, 0.0123, 3.24, 99.4, 99.6, 150.2, 46_812.0)] == [
+        "0", "0.012", "3.2", "99", "100", "150", "46,812"]
+    assert ex.times_words(99.7, "the control") == "100 times the control"

@@ -249,12 +249,18 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     return float(difference) / largest
 
 
+def ratio_digits(ratio: float) -> str:
+    """``ratio`` (a non-negative float) as the book prints ratios: two significant digits
+    below 100, whole numbers with thousands separators from 100 ("1,234", never "1.2e+03")."""
+    return f"{ratio:,.0f}" if ratio >= 99.5 else f"{ratio:.2g}"  # 99.6 would read "1e+02"
+
+
 def times_words(ratio: float, whom: str) -> str:
     """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", as
     :func:`roundoff_verdict` words it: two significant digits, whole numbers with thousands
     separators from 100 (never "1.5e+02 times"), "less than 0.0001 times" below 1e-4 (never
     "3.4e-05 times"), and "equal to <whom> to two significant digits" when the digits read 1."""
-    digits = f"{ratio:,.0f}" if ratio >= 100 else f"{ratio:.2g}"
+    digits = ratio_digits(ratio)
     if digits == "1":  # "1 times" would read as "equal"; say so, to what digits
         return f"equal to {whom} to two significant digits"
     if ratio < 1e-4:
