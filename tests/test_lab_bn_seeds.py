@@ -22,10 +22,10 @@ def test_seed_spread_is_max_minus_min():
     ([0.950, 0.960], [0.950, 0.970], "no consistent difference", "on 1 of 2 seeds, tied on 1"),
     # stock higher on both seeds, but on one only within the tie: the direction is reported
     ([0.950, 0.960], [0.951, 0.970], "same direction",
-     "on 1 of 2 seeds, tied on 1 and lower on 0: stock BN scored higher on all 2 seeds"),
+     "on 1 of 2 seeds, tied on 1 and lower on 0: stock BN scored higher on both seeds"),
     # window higher on both seeds, on one within the tie
     ([0.950, 0.960], [0.940, 0.957], "same direction",
-     "on 0 of 2 seeds, tied on 1 and lower on 1: window-level BN scored higher on all 2 seeds"),
+     "on 0 of 2 seeds, tied on 1 and lower on 1: window-level BN scored higher on both seeds"),
     ([0.930, 0.960], [0.960, 0.970], "normalisation", "GroupNormalization, LayerNormalization"),
 ])
 def test_batchnorm_advice_cases(window, stock, case, words):
@@ -91,3 +91,12 @@ def test_batchnorm_advice_refuses_a_nan_accuracy():
     """A NaN accuracy would compare as neither within nor beyond the tie: refused, not advised."""
     with pytest.raises(ValueError, match="finite"):
         ex.batchnorm_advice([0.95, float("nan")], [0.95, 0.96], [0.95, 0.96], tie=0.005)
+
+
+def test_batchnorm_advice_counts_one_seed_in_words():
+    """Stock BN higher within the tie on a single seed: no "all 1 seeds", no "1 seeds"."""
+    case, text = ex.batchnorm_advice([0.950], [0.952], [0.951], tie=0.005)
+    assert case == "same direction"
+    assert "stock BN scored higher on the one seed, so a cost" in text, text
+    assert "and one seed cannot size it" in text and "over the one seed" in text, text
+    assert "1 seeds" not in text, text

@@ -1029,7 +1029,18 @@ def _tie_counts_words(counts: tuple[int, int, int]) -> str:
     """:func:`tie_counts_sentence` from ``count_by_tie(window, stock, tie)``."""
     stock_higher, tied, window_higher = counts
     return (f"stock BN scored higher beyond the tie threshold on {stock_higher} of "
-            f"{sum(counts)} seeds, tied on {tied} and lower on {window_higher}")
+            f"{sum(counts)} seed{'s' * (sum(counts) != 1)}, tied on {tied} and lower on "
+            f"{window_higher}")
+
+
+def _seed_words(seeds: int, every: bool = False) -> str:
+    """A count of seeds in words: "one seed", "2 seeds"; with ``every`` "the one seed", "both
+    seeds", "all 3 seeds"."""
+    if seeds == 1:
+        return "the one seed" if every else "one seed"
+    if every:
+        return "both seeds" if seeds == 2 else f"all {seeds} seeds"
+    return f"{seeds} seeds"
 
 
 #: The cases of :func:`batchnorm_advice`.
@@ -1094,13 +1105,13 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             "model)")
     low, high = (100 * float(extreme(window - stock)) for extreme in (np.min, np.max))
     spread = (f"Window-level minus stock BN ranged from {low:+.2f} to {high:+.2f} points over "
-              f"the {seeds} seeds")
+              f"the {_seed_words(seeds)}")
     side = higher_on_every_seed(window, stock)  # on every seed, not always beyond the tie
     if side:
         return "same direction", (
-            f"{reproduced}: {side} scored higher on all {seeds} seeds, so a "
+            f"{reproduced}: {side} scored higher on {_seed_words(seeds, every=True)}, so a "
             f"{'cost' if side == 'stock BN' else 'gain'} of reproducing the large batch is "
-            f"possible, and {seeds} seeds cannot size it. {spread}; before choosing for "
+            f"possible, and {_seed_words(seeds)} cannot size it. {spread}; before choosing for "
             "accuracy, compare both on more seeds of your own model")
     return "no consistent difference", (
         f"{reproduced}: no consistent cost or gain measured. {spread}: too few to tell "
