@@ -267,7 +267,7 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
                                                      "micro-batches (the glued saving is K)",
     },
     "04_mnist_experiments": {
-        "whose curves differ {glue:text}`test_gap_ratio:.2g` times more":
+        "whose curves differ {glue:text}`test_gap_ratio` times more":
             "asserted: `assert far > 1e-2 and far > 10 * near`",
     },
     "01_eager_loop": {

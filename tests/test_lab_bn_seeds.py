@@ -16,16 +16,18 @@ def test_seed_spread_is_max_minus_min():
 
 
 @pytest.mark.parametrize("window, stock, case, words", [
-    ([0.950, 0.960], [0.960, 0.970], "stock higher", "higher beyond the tie threshold on 2 of 2"),
+    ([0.950, 0.960], [0.960, 0.970], "stock higher",
+     "by the tie threshold, stock BN scored higher on both seeds"),
     ([0.950, 0.960], [0.940, 0.950], "window higher", "use WindowBatchNormalization"),
-    ([0.950, 0.960], [0.953, 0.957], "no consistent difference", "tied on 2 and lower on 0"),
-    ([0.950, 0.960], [0.950, 0.970], "no consistent difference", "on 1 of 2 seeds, tied on 1"),
+    ([0.950, 0.960], [0.953, 0.957], "no consistent difference", "stock BN tied on both seeds"),
+    ([0.950, 0.960], [0.950, 0.970], "no consistent difference",
+     "over the 2 seeds, by the tie threshold, stock BN scored higher on one and tied on one"),
     # stock higher on both seeds, but on one only within the tie: the direction is reported
     ([0.950, 0.960], [0.951, 0.970], "same direction",
-     "on 1 of 2 seeds, tied on 1 and lower on 0: stock BN scored higher on both seeds"),
+     "stock BN scored higher on one and tied on one: stock BN scored higher on both seeds"),
     # window higher on both seeds, on one within the tie
     ([0.950, 0.960], [0.940, 0.957], "same direction",
-     "on 0 of 2 seeds, tied on 1 and lower on 1: window-level BN scored higher on both seeds"),
+     "stock BN tied on one and scored lower on one: window-level BN scored higher on both seeds"),
     ([0.930, 0.960], [0.960, 0.970], "normalisation", "GroupNormalization, LayerNormalization"),
 ])
 def test_batchnorm_advice_cases(window, stock, case, words):
@@ -50,10 +52,11 @@ def test_batchnorm_advice_on_the_full_editions_seeds():
                                                                                   0.9726, 0.9665]
     case, text = ex.batchnorm_advice(window, stock, target, tie=0.0037)
     assert case == "same direction"
-    assert "higher beyond the tie threshold on 1 of 3 seeds, tied on 2 and lower on 0" in text
+    assert ("over the 3 seeds, by the tie threshold, stock BN scored higher on one and tied "
+            "on 2") in text
     assert "ranged from -1.57 to -0.17 points over the 3 seeds" in text, text
-    assert "lower on 0: stock BN scored higher on all 3 seeds, so a cost" in text, text
-    assert text.count("beyond the tie threshold") == 1, text  # the counts, said once
+    assert "tied on 2: stock BN scored higher on all 3 seeds, so a cost" in text, text
+    assert text.count("by the tie threshold") == 1, text  # the counts, said once
     assert "a cost of reproducing the large batch is possible" in text, text
     assert "no consistent cost or gain" not in text, text
     assert "either layer does" not in text
@@ -76,8 +79,8 @@ def test_count_by_tie_counts_each_seed_once():
 def test_tie_counts_sentence_is_the_advices_counts_clause():
     window, stock = [0.9533, 0.9725, 0.9663], [0.9690, 0.9748, 0.9610]
     sentence = ex.tie_counts_sentence(window, stock, tie=0.0037)
-    assert sentence == ("stock BN scored higher beyond the tie threshold on 1 of 3 seeds, tied "
-                        "on 1 and lower on 1")
+    assert sentence == ("over the 3 seeds, by the tie threshold, stock BN scored higher on one, "
+                        "tied on one and scored lower on one")
     _, advice = ex.batchnorm_advice(window, stock, window, tie=0.0037)
     assert sentence in advice
 

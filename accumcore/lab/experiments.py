@@ -1026,11 +1026,17 @@ def tie_counts_sentence(window: Sequence[float], stock: Sequence[float], tie: fl
 
 
 def _tie_counts_words(counts: tuple[int, int, int]) -> str:
-    """:func:`tie_counts_sentence` from ``count_by_tie(window, stock, tie)``."""
-    stock_higher, tied, window_higher = counts
-    return (f"stock BN scored higher beyond the tie threshold on {stock_higher} of "
-            f"{sum(counts)} seed{'s' * (sum(counts) != 1)}, tied on {tied} and lower on "
-            f"{window_higher}")
+    """:func:`tie_counts_sentence` from ``count_by_tie(window, stock, tie)``: only the outcomes
+    that occurred, e.g. "over the 3 seeds, by the tie threshold, stock BN scored higher on one
+    and tied on 2" or "by the tie threshold, stock BN tied on both seeds" (never "on 0")."""
+    outcomes = [(n, what) for n, what in zip(counts, ("scored higher", "tied", "scored lower"),
+                                             strict=True) if n]
+    if len(outcomes) == 1:
+        return (f"by the tie threshold, stock BN {outcomes[0][1]} on "
+                f"{_seed_words(sum(counts), every=True)}")
+    said = [f"{what} on {'one' if n == 1 else n}" for n, what in outcomes]
+    return (f"over the {sum(counts)} seeds, by the tie threshold, stock BN "
+            f"{', '.join(said[:-1])} and {said[-1]}")
 
 
 def _seed_words(seeds: int, every: bool = False) -> str:
