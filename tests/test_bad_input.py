@@ -458,9 +458,12 @@ def test_the_trainers_old_form_checks_every_integer_type_once(big, small, error,
 def test_the_trainer_refuses_accum_steps_beside_the_old_form_before_other_checks():
     """``accum_steps`` with ``effective_batch_size`` is refused as "not both", whatever B / b."""
     for big in (100, 64, 8):
-        with pytest.raises(ValueError, match="not both"):
+        with pytest.raises(ValueError, match="not both") as info:
             ac.AccumTrainer(small_mlp(), sgd(), LOSS, accum_steps=4, effective_batch_size=big,
                             micro_batch_size=16)
+        # the way out is the front door, never the deprecated parameter
+        assert "effective_batch_size=" not in str(info.value).split(";", 1)[1], info.value
+        assert "micro_batch_size=b)` and `fit(x, y, batch_size=B)`" in str(info.value)
 
 
 def test_the_trainers_old_form_with_numpy_ints_trains_on_batches_of_b():
@@ -469,3 +472,6 @@ def test_the_trainers_old_form_with_numpy_ints_trains_on_batches_of_b():
         trainer = ac.AccumTrainer(small_mlp(), sgd(), LOSS, effective_batch_size=np.int64(64),
                                   micro_batch_size=np.int64(16))
     assert trainer.accum_steps == 4 and type(trainer.accum_steps) is int
+    history = trainer.fit(np.zeros((128, 8), "float32"), np.zeros((128,), "int32"), epochs=1,
+                          verbose=0)  # arrays: batches of b = 16, 4 per update
+    assert trainer.optimizer.iterations.numpy() == 128 // 64, history

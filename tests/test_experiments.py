@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 
 import keras
 import numpy as np
@@ -333,3 +334,9 @@ def test_ratio_digits_prints_no_scientific_notation():
     assert [ex.ratio_digits(r) for r in (0.0, 0.0123, 3.24, 99.4, 99.6, 150.2, 46_812.0)] == [
         "0", "0.012", "3.2", "99", "100", "150", "46,812"]
     assert ex.times_words(99.7, "the control") == "100 times the control"
+    for bad in (-3.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="`ratio` must be a non-negative finite"):
+            ex.times_words(bad, "the control")
+    with pytest.raises(ValueError, match="`ratio`"):
+        ex.roundoff_verdict(math.nan, [1e-6])
+    assert not ex.roundoff_verdict(5e-324, [2.0]).startswith("equal")  # tiny is not zero

@@ -620,9 +620,16 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
     form's batch size b for arrays or None)``. The old form ``effective_batch_size=B,
     micro_batch_size=b`` (K = B / b, batches of b) warns, naming the new calls."""
     if effective_batch_size is not None:
-        # checks both values (positive ints, not bools) and refuses `accum_steps` beside them
-        resolve_accum_steps(accum_steps, effective_batch_size=effective_batch_size,
-                            micro_batch_size=micro_batch_size, exact=False)
+        if accum_steps is not None:
+            raise ValueError(
+                f"Pass `accum_steps` or `effective_batch_size`, not both (got accum_steps="
+                f"{accum_steps!r}, effective_batch_size={effective_batch_size!r}); better, "
+                "pass `AccumTrainer(..., micro_batch_size=b)` and `fit(x, y, batch_size=B)` "
+                "(each batch of B split into micro-batches of b), or `accum_steps=K` alone "
+                "for data that comes as micro-batches.")
+        # checks both values (positive ints, not bools); K = ceil(B / b), exact below
+        k = resolve_accum_steps(effective_batch_size=effective_batch_size,
+                                micro_batch_size=micro_batch_size, exact=False)
         big, small = int(effective_batch_size), int(micro_batch_size)
         if big < small:
             raise ValueError(
@@ -635,7 +642,6 @@ def _ways(accum_steps: Any, micro_batch_size: Any,
             f"(B = {(big // small + 1) * small}), or `AccumTrainer(..., micro_batch_size={small})` "
             f"alone and `fit(x, y, batch_size={big})`: each batch of {big} is split into "
             f"micro-batches of at most {small}, one update per batch"))
-        k = big // small
         warnings.warn(
             f"AccumTrainer(effective_batch_size={big}, micro_batch_size={small}) is the old "
             f"form: it trains on batches of {small}, {k} per update, and `fit`'s `batch_size` "

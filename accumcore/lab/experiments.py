@@ -250,8 +250,16 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
 
 
 def ratio_digits(ratio: float) -> str:
-    """``ratio`` (a non-negative float) as the book prints ratios: two significant digits
-    below 100, whole numbers with thousands separators from 100 ("1,234", never "1.2e+03")."""
+    """``ratio`` (a non-negative finite float) as the book prints ratios: two significant
+    digits below 100, whole numbers with thousands separators from 100 ("1,234", never
+    "1.2e+03").
+
+    Raises:
+        ValueError: for a negative, infinite or NaN ``ratio`` (no ratio of two distances).
+    """
+    if not math.isfinite(ratio) or ratio < 0:
+        raise ValueError(f"`ratio` must be a non-negative finite number (a ratio of two "
+                         f"distances), got {ratio!r}; compare the two values before wording them.")
     return f"{ratio:,.0f}" if ratio >= 99.5 else f"{ratio:.2g}"  # 99.6 would read "1e+02"
 
 
@@ -259,7 +267,8 @@ def times_words(ratio: float, whom: str) -> str:
     """``ratio`` (a non-negative finite float) as "<ratio> times <whom>", as
     :func:`roundoff_verdict` words it: two significant digits, whole numbers with thousands
     separators from 100 (never "1.5e+02 times"), "less than 0.0001 times" below 1e-4 (never
-    "3.4e-05 times"), and "equal to <whom> to two significant digits" when the digits read 1."""
+    "3.4e-05 times"), and "equal to <whom> to two significant digits" when the digits read 1
+    (:func:`ratio_digits` raises for other ratios)."""
     digits = ratio_digits(ratio)
     if digits == "1":  # "1 times" would read as "equal"; say so, to what digits
         return f"equal to {whom} to two significant digits"
@@ -295,7 +304,7 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
     rule = f"the book's round-off rule (at most {ROUNDOFF_FACTOR} times)"
     if ratio == 0 and max(values) == 0:
         return f"equal to its reference, as the reordering controls are: within {rule}"
-    if ratio == 0:
+    if difference == 0:
         return ("equal to its reference bit for bit, closer than the reordering controls: "
                 f"within {rule}")
     within = ratio <= ROUNDOFF_FACTOR
@@ -308,7 +317,7 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
                  "the largest reordering control")
         against = times_words(ratio, which)
         smallest = min(values)
-        if ratio < 1 and len(values) > 1 and smallest > 0 and not against.startswith("equal"):
+        if ratio < 1 and len(values) > 1 and smallest > 0 and ratio_digits(ratio) != "1":
             least = "the smaller" if len(values) == 2 else "the smallest"
             against = f"below {which} ({times_words(difference / smallest, least)})"
         verdict = f"{against}: {verdict}"
