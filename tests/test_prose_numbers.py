@@ -733,6 +733,10 @@ def test_a_rendered_page_showing_a_pragma_fails():
     ("The gap: {glue:text}`gap:.2f`.", {"gap": float("nan")}, {"gap": 0.25}),
     ("The exponent spans {glue:text}`span`.", {"span": "0.32 to 0.32"},
      {"span": "-0.32 to 0.32"}),
+    ("The gaps {glue:text}`span`.", {"span": "ranged from +0.20 to +0.20 points"},
+     {"span": "ranged from -0.20 to +0.20 points"}),
+    ("The gaps {glue:text}`span`.", {"span": "ranged from -0.20 to -0.20 points"},
+     {"span": "were -0.20 points on every seed"}),
 ])
 def test_glued_text_that_reads_as_a_degenerate_template_fails(markdown, bad, good):
     """What fresh readers found glued: "all 2 epochs", "lower on 0", "0 of 2 seeds", a range
@@ -777,6 +781,14 @@ _JUMPED = ("the reversed control jumped in one update, likely because a sum in a
     ("1.8e-02 and 8.4e-07", None, True),  # chapter 3's weighted run, full edition
     ("1.8e-02 and 8.4e-07", _JUMPED, False),
     ("1.8e-02 and 8.4e-07", "no control jumped tenfold in one update", True),
+    ("1.8e-02 and 8.4e-07", "neither control jumped tenfold in one update", True),
+    ("1.8e-02 and 8.4e-07", "the controls did not jump", True),
+    ("1.8e-02 and 8.4e-07",  # chapter 3's note when no control moved: it names no jump
+     "both runs' controls stayed near their first updates' size", True),
+    ("1.8e-02 and 8.4e-07", "the weighted run's reversed control diverged gradually, a "
+     "hundredfold or more without a tenfold jump in any one update", False),
+    ("1.8e-02 and 8.4e-07", "no control of the unweighted run moved; the weighted run's "
+     "reversed control jumped tenfold in one update", False),
     ("1.8e-02 and 8.4e-07",  # the note a reader found beside them: it explains no spread
      "the largest shows how far a reordering alone moved plain Keras in this run", True),
     ("7.6e-07 and 8.2e-07", None, False),
