@@ -14,8 +14,9 @@ by a ``tf.train.CheckpointManager``; the ``tf.data`` iterator itself is checkpoi
 epoch continues with the next unseen micro-batch (shuffle buffers included).
 
 ``model.fit`` cannot checkpoint its data iterator, and ``keras.callbacks.BackupAndRestore``
-restores the weights but restarts the interrupted epoch from its first batch. With ``save_freq="epoch"`` that is exact (the checkpoint is taken at an
-epoch boundary; :class:`accumcore.AccumModel` saves a carried partial window with the weights).
+restores the weights but restarts the interrupted epoch from its first batch. With
+``save_freq="epoch"`` that is exact (the checkpoint is taken at an epoch boundary;
+:class:`accumcore.AccumModel` saves a carried partial window with the weights).
 With an integer ``save_freq`` the batches trained between the epoch start and the checkpoint
 are trained a second time, so the result differs from an uninterrupted run.
 :class:`ExactBackupAndRestore` fixes that: it records how many batches of the epoch the

@@ -1157,9 +1157,10 @@ def plot_memory(results: dict, ax=None):
         MEMORY_METHODS.get(m, m): [peaks.get(k, np.nan) / 2**20 for k in ks]
         for m, peaks in table.items()
     }
-    b = results["memory"][0]["micro_batch"]
+    b, filters = results["memory"][0]["micro_batch"], results["memory"][0].get("filters")
+    model = f"conv net {tuple(filters)}, " if filters else ""
     ax = plotting.curves(ax, series, x=ks, logx=True,
-                         title=f"Peak memory on {results['device']}, micro-batch b={b}",
+                         title=f"Peak memory on {results['device']}, {model}micro-batch b={b}",
                          xlabel="K (micro-batches per update; plain batch = K x b)",
                          ylabel="peak allocator memory (MiB)")
     ax.set_xticks(ks, [str(k) for k in ks])
