@@ -13,10 +13,10 @@ Custom loops (:class:`ResumableLoop`) keep all of it in one ``tf.train.Checkpoin
 by a ``tf.train.CheckpointManager``; the ``tf.data`` iterator itself is checkpointed, so the
 epoch continues with the next unseen micro-batch (shuffle buffers included).
 
-``model.fit`` cannot checkpoint its data iterator, and (Keras 3.13 and 3.15)
-``keras.callbacks.BackupAndRestore`` restores the weights but restarts the interrupted epoch
-from its first batch. With ``save_freq="epoch"`` that is exact (the checkpoint is taken at an
-epoch boundary; :class:`accumcore.AccumModel` saves a carried partial window with the weights).
+``model.fit`` cannot checkpoint its data iterator, and ``keras.callbacks.BackupAndRestore``
+restores the weights but restarts the interrupted epoch from its first batch. With
+``save_freq="epoch"`` that is exact (the checkpoint is taken at an epoch boundary;
+:class:`accumcore.AccumModel` saves a carried partial window with the weights).
 With an integer ``save_freq`` the batches trained between the epoch start and the checkpoint
 are trained a second time, so the result differs from an uninterrupted run.
 :class:`ExactBackupAndRestore` fixes that: it records how many batches of the epoch the
@@ -32,18 +32,18 @@ of :class:`ExactBackupAndRestore` is Keras's callback hooks, ``optimizer.build``
 ``fit`` calls it can break the skipping (Keras 3.13 and 3.15 both call it as described).
 
 Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
-the checkpointed ``tf.data`` iterator carries its shuffle buffer and (TensorFlow 2.20 and
-2.21) the state of a ``shuffle(..., seed=s)`` seed generator, so the epochs after the
+the checkpointed ``tf.data`` iterator carries its shuffle buffer and the state of a
+``shuffle(..., seed=s)`` seed generator, so the epochs after the
 resumed one get the same orders as without the interruption, provided the same dataset
 object is passed for every epoch and the same global seed (``keras.utils.set_random_seed``)
 is set at the start of the restarted process. A
 callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
 reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
-holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and (Keras
-3.13 and 3.15) for ``fit(x, y, shuffle=True)`` with arrays after
-``keras.utils.set_random_seed``, which then uses the *same* permutation in every epoch: that
-changes the training itself (no epoch gets a new order), not only the resume.
+holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and for
+``fit(x, y, shuffle=True)`` with arrays after ``keras.utils.set_random_seed``: Keras 3.13 and
+3.15 both then use the *same* permutation in every epoch, which changes the training itself
+(no epoch gets a new order), not only the resume.
 Without a global seed the permutation differs between processes and no resume is exact.
 """
 

@@ -577,7 +577,7 @@ def _tracing_section(results: dict[str, Any]) -> list[str]:
              "|---|---|---|---|"]
     for r in results["tracing"]:
         lines.append(f"| {r['entry']} | {r['per_epoch']} | {r['total']} | "
-                     f"{'yes' if r['ok'] else '**no**'} |")
+                     f"{'yes' if bm.traced_in_first_epoch_only(r) else '**no**'} |")
     return lines
 
 
@@ -1052,9 +1052,13 @@ def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
     ks = sorted({k for peaks in table.values() for k in peaks})
     weights = next((r["weights_bytes"] for r in results["memory"] if r.get("weights_bytes")),
                    None)
-    b = results["memory"][0]["micro_batch"]
+    b, filters = results["memory"][0]["micro_batch"], results["memory"][0].get("filters")
+    other = results.get("settings", {}).get("conv_filters")
+    model = (f" of the convolutional network with filters {tuple(filters)}"
+             + (f", not the throughput tables' {tuple(other)}"
+                if other and list(other) != list(filters) else "") if filters else "")
     lines = [f"Peak allocator memory in MiB (`get_memory_info('{results['device']}')['peak']`)"
-             f", micro-batch b={b}; plain trains one batch of K·b."
+             f"{model}; micro-batch b={b}; plain trains one batch of K·b."
              + (" The last row is the accumulators' size: one copy of the trainable weights."
                 if weights else ""), "",
              "| method | " + " | ".join(f"K={k}" for k in ks) + " |",

@@ -293,8 +293,14 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     assert "`accumulate(model, micro_batch_size=b)` with `fit(batch_size=B)` is measured in\n" \
         "{doc}`../07_memory_speed`" in page
     assert "(4) `AccumModel.fit` with `accum_steps=K` (`fit` at b" in page
+    # the commands of every part, the separate runs' included, are in the contributing guide
+    # the page links (a later reader found script paths and maintainer flags on the page)
+    assert "CONTRIBUTING.md#benchmarks" in page and "benchmarks/" not in page.split(
+        "## Reproduce", 1)[1]
+    with open(os.path.join(ROOT, "CONTRIBUTING.md"), encoding="utf-8") as f:
+        guide = f.read().split("## Benchmarks", 1)[1]
     for script in ("run.py --only breakdown --merge", "nonfinite_cost.py", "accumulate_lm.py"):
-        assert f"benchmarks/{script}`" in page, script
+        assert f"python benchmarks/{script}" in guide, script
         assert os.path.isfile(os.path.join(ROOT, "benchmarks", script.split()[0])), script
     with open(report.READER_PAGE, encoding="utf-8") as f:
         assert "every entry point" not in f.read()
