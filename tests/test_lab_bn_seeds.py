@@ -19,15 +19,22 @@ def test_seed_spread_is_max_minus_min():
     ([0.950, 0.960], [0.960, 0.970], "stock higher",
      "by the tie threshold, stock BN scored higher on both seeds"),
     ([0.950, 0.960], [0.940, 0.950], "window higher", "use WindowBatchNormalization"),
-    ([0.950, 0.960], [0.953, 0.957], "no consistent difference", "stock BN tied on both seeds"),
+    ([0.950, 0.960], [0.953, 0.957], "no consistent difference",
+     "by the tie threshold, stock BN tied on both seeds"),
     ([0.950, 0.960], [0.950, 0.970], "no consistent difference",
      "over the 2 seeds, by the tie threshold, stock BN scored higher on one and tied on one"),
-    # stock higher on both seeds, but on one only within the tie: the direction is reported
+    # stock higher on both seeds, but on one only beyond the tie: both measures, one clause
     ([0.950, 0.960], [0.951, 0.970], "same direction",
-     "stock BN scored higher on one and tied on one: stock BN scored higher on both seeds"),
+     "stock BN's accuracy was above window-level BN's on both seeds, beyond the tie threshold "
+     "on one only, so a cost"),
     # window higher on both seeds, on one within the tie
     ([0.950, 0.960], [0.940, 0.957], "same direction",
-     "stock BN tied on one and scored lower on one: window-level BN scored higher on both seeds"),
+     "window-level BN's accuracy was above stock BN's on both seeds, beyond the tie threshold "
+     "on one only, so a gain"),
+    # stock higher on both seeds, each within the tie
+    ([0.950, 0.960], [0.953, 0.962], "same direction",
+     "stock BN's accuracy was above window-level BN's on both seeds, each time within the tie "
+     "threshold, so a cost"),
     ([0.930, 0.960], [0.960, 0.970], "normalisation", "GroupNormalization, LayerNormalization"),
 ])
 def test_batchnorm_advice_cases(window, stock, case, words):
@@ -44,6 +51,7 @@ def test_batchnorm_advice_cases(window, stock, case, words):
         assert (case == "same direction") is same_sign, case
         assert ("no consistent cost or gain measured" in text) is not same_sign, text
         assert ("cannot size it" in text) is same_sign, text
+        assert ("by the tie threshold" in text) is not same_sign, text  # one measure each
 
 
 def test_batchnorm_advice_on_the_full_editions_seeds():
@@ -52,11 +60,11 @@ def test_batchnorm_advice_on_the_full_editions_seeds():
                                                                                   0.9726, 0.9665]
     case, text = ex.batchnorm_advice(window, stock, target, tie=0.0037)
     assert case == "same direction"
-    assert ("over the 3 seeds, by the tie threshold, stock BN scored higher on one and tied "
-            "on 2") in text
+    assert ("; stock BN's accuracy was above window-level BN's on all 3 seeds, beyond the tie "
+            "threshold on one only, so a cost") in text, text
     assert "ranged from -1.57 to -0.17 points over the 3 seeds" in text, text
-    assert "tied on 2: stock BN scored higher on all 3 seeds, so a cost" in text, text
-    assert text.count("by the tie threshold") == 1, text  # the counts, said once
+    assert text.count("tie threshold") == 2, text  # the target's tie, then the counts, once
+    assert "scored higher" not in text and "tied" not in text, text  # no second measure
     assert "a cost of reproducing the large batch is possible" in text, text
     assert "no consistent cost or gain" not in text, text
     assert "either layer does" not in text
@@ -100,6 +108,7 @@ def test_batchnorm_advice_counts_one_seed_in_words():
     """Stock BN higher within the tie on a single seed: no "all 1 seeds", no "1 seeds"."""
     case, text = ex.batchnorm_advice([0.950], [0.952], [0.951], tie=0.005)
     assert case == "same direction"
-    assert "stock BN scored higher on the one seed, so a cost" in text, text
+    assert ("stock BN's accuracy was above window-level BN's on the one seed, within the tie "
+            "threshold, so a cost") in text, text
     assert "and one seed cannot size it" in text and "over the one seed" in text, text
     assert "1 seeds" not in text, text

@@ -1030,21 +1030,32 @@ def count_by_tie(a: Sequence[float], b: Sequence[float], tie: float) -> tuple[in
 def tie_counts_sentence(window: Sequence[float], stock: Sequence[float], tie: float) -> str:
     """How often stock BN scored higher than window-level BN beyond ``tie``, tied, and lower,
     over the seeds (accuracies as fractions, the i-th of each from seed i; :func:`count_by_tie`):
-    the counts clause of :func:`batchnorm_advice`."""
-    return _tie_counts_words(count_by_tie(window, stock, tie))
+    the counts clause of :func:`batchnorm_advice`. Where one layer was higher on every seed
+    but not always beyond ``tie`` (:func:`higher_on_every_seed`), the clause says both in
+    one measure each: "stock BN's accuracy was above window-level BN's on all 3 seeds, beyond
+    the tie threshold on one only"."""
+    return _tie_counts_words(count_by_tie(window, stock, tie),
+                             higher_on_every_seed(window, stock))
 
 
-def _tie_counts_words(counts: tuple[int, int, int]) -> str:
-    """:func:`tie_counts_sentence` from ``count_by_tie(window, stock, tie)``: only the outcomes
-    that occurred, e.g. "over the 3 seeds, by the tie threshold, stock BN scored higher on one
-    and tied on 2" or "by the tie threshold, stock BN tied on both seeds" (never "on 0")."""
+def _tie_counts_words(counts: tuple[int, int, int], side: str = "") -> str:
+    """:func:`tie_counts_sentence` from ``count_by_tie(window, stock, tie)`` and ``side``
+    (:func:`higher_on_every_seed`): only the outcomes that occurred, e.g. "over the 3 seeds, by
+    the tie threshold, stock BN scored higher on one, tied on one and scored lower on one" or
+    "by the tie threshold, stock BN tied on both seeds" (never "on 0")."""
+    seeds, beyond = sum(counts), counts[0] if side == "stock BN" else counts[2]
+    if side and beyond < seeds:  # the same side higher on every seed, not always beyond
+        other = "window-level BN" if side == "stock BN" else "stock BN"
+        how = (f"beyond the tie threshold on {'one' if beyond == 1 else beyond} only" if beyond
+               else f"{'' if seeds == 1 else 'each time '}within the tie threshold")
+        return f"{side}'s accuracy was above {other}'s on {_seed_words(seeds, every=True)}, {how}"
     outcomes = [(n, what) for n, what in zip(counts, ("scored higher", "tied", "scored lower"),
                                              strict=True) if n]
     if len(outcomes) == 1:
         return (f"by the tie threshold, stock BN {outcomes[0][1]} on "
-                f"{_seed_words(sum(counts), every=True)}")
+                f"{_seed_words(seeds, every=True)}")
     said = [f"{what} on {'one' if n == 1 else n}" for n, what in outcomes]
-    return (f"over the {sum(counts)} seeds, by the tie threshold, stock BN "
+    return (f"over the {seeds} seeds, by the tie threshold, stock BN "
             f"{', '.join(said[:-1])} and {said[-1]}")
 
 
@@ -1105,7 +1116,8 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             "own moments) shows; to reproduce large-batch training, use a batch-independent "
             "normalisation (GroupNormalization, LayerNormalization)")
     stock_higher, tied, window_higher = seed_counts = count_by_tie(window, stock, tie)
-    counts = _tie_counts_words(seed_counts)
+    side = higher_on_every_seed(window, stock)  # on every seed, not always beyond the tie
+    counts = _tie_counts_words(seed_counts, side)
     reproduced = (f"window-level BN reproduced the large batch (within {worst:.2f} points of "
                   f"it on every seed, at most the tie threshold of {100 * tie:.2f}); {counts}")
     if stock_higher == seeds:
@@ -1121,13 +1133,11 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     low, high = (100 * float(extreme(window - stock)) for extreme in (np.min, np.max))
     spread = (f"Window-level minus stock BN ranged from {low:+.2f} to {high:+.2f} points over "
               f"the {_seed_words(seeds)}")
-    side = higher_on_every_seed(window, stock)  # on every seed, not always beyond the tie
     if side:
         return "same direction", (
-            f"{reproduced}: {side} scored higher on {_seed_words(seeds, every=True)}, so a "
-            f"{'cost' if side == 'stock BN' else 'gain'} of reproducing the large batch is "
-            f"possible, and {_seed_words(seeds)} cannot size it. {spread}; before choosing for "
-            "accuracy, compare both on more seeds of your own model")
+            f"{reproduced}, so a {'cost' if side == 'stock BN' else 'gain'} of reproducing the "
+            f"large batch is possible, and {_seed_words(seeds)} cannot size it. {spread}; "
+            "before choosing for accuracy, compare both on more seeds of your own model")
     return "no consistent difference", (
         f"{reproduced}: no consistent cost or gain measured. {spread}: too few to tell "
         "whether the statistics gap costs or gains accuracy on this net; before choosing for "
