@@ -281,9 +281,6 @@ ALLOWED_COMPARISONS: dict[str, dict[str, str]] = {
         "with the budget, beyond ties:": "names the rule the glued list was computed with",
     },
     "06b_gaps": {  # rewritten by another change: these hold for its current sentences
-        "The window-level layer matches the large batch to float round-off":
-            "asserted: `window[COLUMNS[0]] < 1e-4`; "
-            "`window[COLUMNS[0]] < window[COLUMNS[1]] < stock[COLUMNS[1]] / 100`",
         "the difference is larger than the dense update itself": "says what rel > 1 means (a "
             "definition); that both values exceed 1 is asserted only as > `BROKEN` (1e-2)",
     },
