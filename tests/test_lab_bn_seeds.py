@@ -110,5 +110,24 @@ def test_batchnorm_advice_counts_one_seed_in_words():
     assert case == "same direction"
     assert ("stock BN's accuracy was above window-level BN's on the one seed, within the tie "
             "threshold, so a cost") in text, text
-    assert "and one seed cannot size it" in text and "over the one seed" in text, text
+    assert "and one seed cannot size it" in text and "on the one seed;" in text, text
     assert "1 seeds" not in text, text
+
+
+def test_the_spread_of_equal_gaps_is_one_value_not_a_range():
+    """One seed, or seeds with the same gap: "was -0.20 points on ...", never "-0.20 to -0.20"."""
+    _, one = ex.batchnorm_advice([0.950], [0.952], [0.951], tie=0.005)
+    assert "was -0.20 points on the one seed" in one and " to -0.20" not in one, one
+    _, both = ex.batchnorm_advice([0.95, 0.95], [0.952, 0.952], [0.95, 0.95], tie=0.005)
+    assert "was -0.20 points on both seeds" in both, both
+    _, ranged = ex.batchnorm_advice([0.95, 0.95], [0.952, 0.953], [0.95, 0.95], tie=0.005)
+    assert "ranged from -0.30 to -0.20 points over the 2 seeds" in ranged, ranged
+
+
+@pytest.mark.parametrize("window, stock", [([], []), ([0.9], [0.95, 0.96, 0.97]),
+                                           ([0.9, float("nan")], [0.9, 0.9])])
+def test_higher_on_every_seed_refuses_what_is_not_one_accuracy_per_seed(window, stock):
+    """An empty list is no seed (not "stock BN" by an empty all()); one value is not broadcast
+    against three."""
+    with pytest.raises(ValueError, match="one accuracy per seed|finite"):
+        ex.higher_on_every_seed(window, stock)

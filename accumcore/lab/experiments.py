@@ -1079,8 +1079,22 @@ def higher_on_every_seed(window: Sequence[float], stock: Sequence[float]) -> str
     ``"window-level BN"``, or ``""`` when the sign of ``window - stock`` varies or is 0 on a
     seed (accuracies as fractions, the i-th of each from seed i): the direction that
     :func:`batchnorm_advice` reports as its ``"same direction"`` case."""
-    gap = np.asarray(window, np.float64) - np.asarray(stock, np.float64)
+    window, stock = _per_seed(window, stock)
+    gap = window - stock
     return "stock BN" if np.all(gap < 0) else "window-level BN" if np.all(gap > 0) else ""
+
+
+def _per_seed(*accuracies: Sequence[float]) -> tuple[np.ndarray, ...]:
+    """``accuracies`` (window-level BN's, stock BN's[, the target's]) as float64 arrays after
+    checking that each holds one finite accuracy per seed, the same seeds."""
+    arrays = tuple(np.asarray(a, np.float64) for a in accuracies)
+    if not arrays[0].size or any(a.shape != arrays[0].shape for a in arrays):
+        raise ValueError("Need one accuracy per seed for window-level BN, stock BN (and the "
+                         f"target): got {', '.join(str(a.size) for a in arrays)}; pass "
+                         "sequences of equal length, one value per seed.")
+    if not all(np.isfinite(a).all() for a in arrays):
+        raise ValueError("The accuracies must be finite numbers (fractions of the test set).")
+    return arrays
 
 
 def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
@@ -1101,12 +1115,9 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
     Raises:
         ValueError: if the sequences are empty, differ in length or hold a non-finite value.
     """
-    window, stock, target = (np.asarray(v, np.float64) for v in (window, stock, target))
-    if not window.size or not window.shape == stock.shape == target.shape:
-        raise ValueError("Need one accuracy per seed for window-level BN, stock BN and the "
-                         f"target; got {window.size}, {stock.size} and {target.size}.")
-    if not all(np.isfinite(a).all() for a in (window, stock, target)) or not np.isfinite(tie):
-        raise ValueError("The accuracies and the tie threshold must be finite numbers.")
+    window, stock, target = _per_seed(window, stock, target)
+    if not np.isfinite(tie):
+        raise ValueError(f"`tie` must be a finite number (a fraction), got {tie!r}.")
     seeds, worst = window.size, 100 * float(np.max(np.abs(window - target)))
     if worst > 100 * tie:
         return "normalisation", (
@@ -1131,8 +1142,10 @@ def batchnorm_advice(window: Sequence[float], stock: Sequence[float],
             f"{reproduced}: use WindowBatchNormalization (convert_batchnorm on an existing "
             "model)")
     low, high = (100 * float(extreme(window - stock)) for extreme in (np.min, np.max))
-    spread = (f"Window-level minus stock BN ranged from {low:+.2f} to {high:+.2f} points over "
-              f"the {_seed_words(seeds)}")
+    spread = "Window-level minus stock BN " + (
+        f"was {low:+.2f} points on {_seed_words(seeds, every=True)}"
+        if f"{low:+.2f}" == f"{high:+.2f}" else
+        f"ranged from {low:+.2f} to {high:+.2f} points over the {_seed_words(seeds)}")
     if side:
         return "same direction", (
             f"{reproduced}, so a {'cost' if side == 'stock BN' else 'gain'} of reproducing the "
