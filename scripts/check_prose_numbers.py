@@ -67,7 +67,7 @@ put in its sentence as readers see it, must not read as a degenerate or unfilled
 ``nan``; only where the match touches a glued value); and sibling reordering controls
 ``CONTROL_SPREAD`` (100) times apart or more (glued as ``<name>_controls`` and quoted, or printed
 after "reordering controls") need a glued explanation the prose quotes
-(``<name>_controls_note`` naming the jump: ``unexplained_control_spread``).
+(a ``*_controls_note`` that says a control jumped or diverged: ``unexplained_control_spread``).
 
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
 and one per uncomputed comparison); python scripts/check_prose_numbers.py --html HTML_DIR
