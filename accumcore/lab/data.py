@@ -3,8 +3,9 @@
 ``load_mnist()`` tries ``keras.datasets.mnist.load_data()`` first (what Colab readers get:
 downloaded once, cached under ``~/.keras/datasets``). When that fails (no internet), it reads
 a local ``mnist.npz`` in Keras's own layout, from the ``path`` argument or the environment
-variable ``MNIST_PATH_ENV`` names (see CONTRIBUTING.md). It never substitutes other data: if neither source works, it
-raises an error naming both. It prints which source it used (``verbose=False``: nothing).
+variable that ``MNIST_PATH_ENV`` names (see CONTRIBUTING.md). It never substitutes other data:
+if neither source works, it raises an error naming both. It prints which source it used
+(``verbose=False``: nothing).
 """
 
 from __future__ import annotations
