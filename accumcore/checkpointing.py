@@ -96,8 +96,11 @@ def training_checkpoint(
         The checkpoint; wrap it in ``tf.train.CheckpointManager`` to save and restore.
 
     Example:
+        ``trainer``: an :class:`~accumcore.AccumTrainer`; ``train_ds``: the batched
+        ``tf.data.Dataset`` it trains on.
+
         >>> it = iter(train_ds)
-        >>> ckpt = training_checkpoint(model, opt, trainer.state, it)
+        >>> ckpt = training_checkpoint(trainer.model, trainer.optimizer, trainer.state, it)
         >>> manager = tf.train.CheckpointManager(ckpt, "ckpts", max_to_keep=2)
         >>> ckpt.restore(manager.latest_checkpoint)   # no-op on a fresh start
     """
@@ -139,6 +142,9 @@ class ResumableLoop:
         save_at_epoch_end: also save after each epoch's end-of-epoch policy ran.
 
     Example:
+        ``trainer``: an :class:`~accumcore.AccumTrainer`; ``make_dataset``: your own function
+        returning the epoch's batched ``tf.data.Dataset``, shuffled with ``seed``.
+
         >>> loop = ResumableLoop(trainer, "ckpts", save_every=50)
         >>> history = loop.fit(lambda epoch: make_dataset(seed=epoch), epochs=10)
         >>> # after a crash, the same two lines continue where the last checkpoint left off

@@ -103,6 +103,9 @@ class AccumTrainer:
     optimizer: ``trainer.optimizer = keras.optimizers.Adam(1e-5)``); the next step retraces.
 
     Example:
+        ``model``: a ``keras.Model``; ``train_ds``: a ``tf.data.Dataset`` of unbatched
+        ``(x, y)`` pairs; ``x``, ``y``: NumPy arrays of inputs and integer labels.
+
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
         ...                        "sparse_categorical_crossentropy", accum_steps=4)
         >>> history = trainer.fit(train_ds.batch(16), epochs=2, mode="function")
