@@ -308,6 +308,7 @@ def test_dataclass_signatures_show_what_their_factories_make_and_docstring_types
     signature autodoc builds (a reader found it on the API page): the extension writes the
     value the factory makes. The types napoleon copies from the annotations into a docstring
     (``Attributes:``) name TensorFlow's classes by their ``tf.`` name, as the hints do."""
+    import dataclasses
     import types
 
     pytest.importorskip("sphinx")
@@ -315,8 +316,6 @@ def test_dataclass_signatures_show_what_their_factories_make_and_docstring_types
 
     import accumcore
     from accumcore.memory import MicroBatchPlan
-
-    import dataclasses
 
     module = _load_api_docstrings()
     app = types.SimpleNamespace(env=types.SimpleNamespace(temp_data={}))
