@@ -11,7 +11,9 @@ checkpoint holds *everything* the update depends on:
 
 Custom loops (:class:`ResumableLoop`) keep all of it in one ``tf.train.Checkpoint`` managed
 by a ``tf.train.CheckpointManager``; the ``tf.data`` iterator itself is checkpointed, so the
-epoch continues with the next unseen micro-batch (shuffle buffers included).
+epoch continues with the next unseen micro-batch. That a checkpointed iterator carries its
+shuffle buffer is TensorFlow's documented design
+(https://www.tensorflow.org/guide/data#iterator_checkpointing).
 
 ``model.fit`` cannot checkpoint its data iterator, and ``keras.callbacks.BackupAndRestore``
 restores the weights but restarts the interrupted epoch from its first batch. With
@@ -29,11 +31,12 @@ Both replace ``model.train_function`` (the function ``fit`` builds and calls onc
 of :class:`ExactBackupAndRestore` is Keras's callback hooks, ``optimizer.build``,
 ``save_weights`` and ``load_weights``. ``train_function`` is a
 ``keras.Model`` attribute, not a documented extension point: a Keras release that changes how
-``fit`` calls it can break the skipping (Keras 3.13 and 3.15 both call it as described).
+``fit`` calls it can break the skipping. The resume guide runs it on the Keras version it
+prints; on another version, interrupt and resume one short run before relying on it.
 
-Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is:
-the checkpointed ``tf.data`` iterator carries its shuffle buffer and the state of a
-``shuffle(..., seed=s)`` seed generator, so the epochs after the
+Exactness also needs the data order to be reproducible. For :class:`ResumableLoop` it is, by
+TensorFlow's design: the checkpointed ``tf.data`` iterator carries its shuffle buffer and the
+state of a ``shuffle(..., seed=s)`` seed generator, so the epochs after the
 resumed one get the same orders as without the interruption, provided the same dataset
 object is passed for every epoch and the same global seed (``keras.utils.set_random_seed``)
 is set at the start of the restarted process. A
@@ -41,9 +44,10 @@ callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
 reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
 holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and for
-``fit(x, y, shuffle=True)`` with arrays after ``keras.utils.set_random_seed``: Keras 3.13 and
-3.15 both then use the *same* permutation in every epoch, which changes the training itself
-(no epoch gets a new order), not only the resume.
+``fit(x, y, shuffle=True)`` with arrays after ``keras.utils.set_random_seed``: Keras then
+uses the *same* permutation in every epoch, which changes the training itself (no epoch gets a
+new order), not only the resume. That is what the resume guide shows on the Keras version it
+prints, not a documented Keras promise: check it on yours the same way.
 Without a global seed the permutation differs between processes and no resume is exact.
 """
 
@@ -92,8 +96,11 @@ def training_checkpoint(
         The checkpoint; wrap it in ``tf.train.CheckpointManager`` to save and restore.
 
     Example:
+        ``trainer``: an :class:`~accumcore.AccumTrainer`; ``train_ds``: the batched
+        ``tf.data.Dataset`` it trains on.
+
         >>> it = iter(train_ds)
-        >>> ckpt = training_checkpoint(model, opt, trainer.state, it)
+        >>> ckpt = training_checkpoint(trainer.model, trainer.optimizer, trainer.state, it)
         >>> manager = tf.train.CheckpointManager(ckpt, "ckpts", max_to_keep=2)
         >>> ckpt.restore(manager.latest_checkpoint)   # no-op on a fresh start
     """
@@ -135,6 +142,9 @@ class ResumableLoop:
         save_at_epoch_end: also save after each epoch's end-of-epoch policy ran.
 
     Example:
+        ``trainer``: an :class:`~accumcore.AccumTrainer`; ``make_dataset``: your own function
+        returning the epoch's batched ``tf.data.Dataset``, shuffled with ``seed``.
+
         >>> loop = ResumableLoop(trainer, "ckpts", save_every=50)
         >>> history = loop.fit(lambda epoch: make_dataset(seed=epoch), epochs=10)
         >>> # after a crash, the same two lines continue where the last checkpoint left off

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from accumcore._impl.search import largest_fitting
@@ -72,7 +72,7 @@ class MicroBatchPlan:
     accum_steps: int
     micro_batch_size: int
     effective_batch_size: int
-    probes: list[tuple[int, bool]] = field(default_factory=list)
+    probes: list[tuple[int, bool]]
 
 
 def accum_steps_for(

@@ -71,3 +71,36 @@ def test_the_check_finds_a_colon_in_a_doc_comment_and_a_property():
     docs = attribute_docs(source)
     assert [line for line, _ in docs] == [1, 7, 11]
     assert [read_as_type(doc) for _, doc in docs] == ["Issue 19", "Window", None]
+
+
+def test_no_public_signature_shows_a_mutable_or_factory_default():
+    """The API page renders each signature: a default of ``[]``, ``{}`` or a dataclass
+    ``<factory>`` reads as a shared mutable default (a reader flagged ``LoopHistory``'s)."""
+    import dataclasses
+    import inspect
+
+    import accumcore
+    import accumcore.checkpointing
+    import accumcore.memory
+
+    found = []
+    for module in (accumcore, accumcore.memory, accumcore.checkpointing):
+        for name in getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")]):
+            obj = getattr(module, name)
+            if getattr(obj, "__module__", "").split(".")[0] != "accumcore":
+                continue
+            members = [(name, obj)]
+            if inspect.isclass(obj):
+                members += [(f"{name}.{k}", v) for k, v in vars(obj).items()
+                            if callable(v) and not k.startswith("_")]
+            for label, member in members:
+                try:
+                    signature = inspect.signature(member)
+                except (TypeError, ValueError):
+                    continue
+                for parameter in signature.parameters.values():
+                    default = parameter.default
+                    if isinstance(default, (list, dict, set)) or default is dataclasses.MISSING \
+                            or "<factory>" in repr(default):
+                        found.append(f"{label}({parameter.name}={default!r})")
+    assert found == []

@@ -58,15 +58,18 @@ class LoopHistory:
             replicas'; the update itself uses every worker's.
         updates: number of optimizer updates applied in each epoch.
         counters: :meth:`AccumulationState.counters` after the last epoch.
+
+    The loop creates it empty (``LoopHistory()``) and appends to it; the lists are not
+    constructor arguments.
     """
 
-    micro_losses: list[float] = field(default_factory=list)
-    micro_weights: list[float] = field(default_factory=list)
-    window_losses: list[float] = field(default_factory=list)
-    epoch_losses: list[float] = field(default_factory=list)
-    epoch_weights: list[float] = field(default_factory=list)
-    updates: list[int] = field(default_factory=list)
-    counters: dict[str, int] = field(default_factory=dict)
+    micro_losses: list[float] = field(default_factory=list, init=False)
+    micro_weights: list[float] = field(default_factory=list, init=False)
+    window_losses: list[float] = field(default_factory=list, init=False)
+    epoch_losses: list[float] = field(default_factory=list, init=False)
+    epoch_weights: list[float] = field(default_factory=list, init=False)
+    updates: list[int] = field(default_factory=list, init=False)
+    counters: dict[str, int] = field(default_factory=dict, init=False)
 
 
 class HistoryBook:

@@ -77,7 +77,7 @@ class AccumTrainer:
             into micro-batches of at most b samples, one update per batch (not with
             ``accum_steps``). ``"auto"``: the largest b that fits, searched at the first batch
             (see :func:`~accumcore.accumulate`); here a later step that runs out of memory
-            raises. The old form ``effective_batch_size=B, micro_batch_size=b`` warns.
+            raises.
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default; a window with a NaN or Inf is discarded whole and
@@ -88,11 +88,8 @@ class AccumTrainer:
             ``ignore_class``; no division for ``"sum"``), ``"samples"`` or ``"sample_weight"``
             (checked against that), or a callable ``(x, y, sample_weight) -> item count``.
         jit_compile: compile the ``tf.function`` steps with XLA.
-        effective_batch_size: deprecated (warns): B in the old form
-            ``effective_batch_size=B, micro_batch_size=b``, which means ``accum_steps=B / b``
-            with batches of b (``fit``'s ``batch_size`` is b); pass ``accum_steps=B / b``
-            and keep batches of b, or ``micro_batch_size=b`` alone and change the call to
-            ``fit(x, y, batch_size=B)``: with ``micro_batch_size`` alone ``batch_size`` is B.
+        effective_batch_size: deprecated (warns); what it meant and what replaces it: the
+            book's Reference page "Choosing b and K".
 
     Attributes:
         model: the model given.
@@ -103,6 +100,9 @@ class AccumTrainer:
     optimizer: ``trainer.optimizer = keras.optimizers.Adam(1e-5)``); the next step retraces.
 
     Example:
+        ``model``: a ``keras.Model``; ``train_ds``: a ``tf.data.Dataset`` of unbatched
+        ``(x, y)`` pairs; ``x``, ``y``: NumPy arrays of inputs and integer labels.
+
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
         ...                        "sparse_categorical_crossentropy", accum_steps=4)
         >>> history = trainer.fit(train_ds.batch(16), epochs=2, mode="function")
@@ -512,9 +512,8 @@ class AccumTrainer:
             sample_weight: one weight per sample, as ``model.fit``'s, only with array ``y``.
             batch_size: samples per batch for arrays (default 32, as in Keras): B with
                 ``micro_batch_size=b`` (split into micro-batches of b), the micro-batch with
-                ``accum_steps=K``; b under the deprecated ``effective_batch_size=B,
-                micro_batch_size=b`` (its default; another value raises). Arrays only:
-                with a dataset it raises (batch the dataset instead).
+                ``accum_steps=K``; b under the deprecated ``effective_batch_size`` form.
+                Arrays only: with a dataset it raises (batch the dataset instead).
             epochs: number of epochs.
             shuffle: arrays only: ``True`` (default) draws a new order every epoch from
                 TensorFlow's global seed (after ``keras.utils.set_random_seed``, the same

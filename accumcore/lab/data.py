@@ -3,8 +3,9 @@
 ``load_mnist()`` tries ``keras.datasets.mnist.load_data()`` first (what Colab readers get:
 downloaded once, cached under ``~/.keras/datasets``). When that fails (no internet), it reads
 a local ``mnist.npz`` in Keras's own layout, from the ``path`` argument or the environment
-variable ``ACCUMCORE_MNIST_PATH``. It never substitutes other data: if neither source works, it
-raises an error naming both. It prints which source it used (``verbose=False``: nothing).
+variable that ``MNIST_PATH_ENV`` names (see CONTRIBUTING.md). It never substitutes other data:
+if neither source works, it raises an error naming both. It prints which source it used
+(``verbose=False``: nothing).
 """
 
 from __future__ import annotations
@@ -61,9 +62,7 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
-        path: a local ``mnist.npz`` (Keras's layout) for when the download fails; default:
-            the environment variable ``ACCUMCORE_MNIST_PATH``: set it to your copy's path
-            before starting Jupyter to run the book's notebooks offline.
+        path: a local ``mnist.npz`` (Keras's layout) for when the download fails.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 
