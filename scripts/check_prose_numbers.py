@@ -569,17 +569,30 @@ MACHINERY = re.compile(
     r"|ACCUMCORE_BOOK_BUILD|jupyter_execute|\b_build/", re.I)
 #: Tags that keep a cell's output off the page.
 OUTPUT_HIDDEN = {"remove-cell", "remove-output"}
+#: Tags that keep a code cell's source off the page (``hide-input`` only folds it: a reader
+#: who unfolds the cell sees every line).
+SOURCE_REMOVED = {"remove-cell", "remove-input"}
+
+
+def source_seen(cell: dict) -> bool:
+    """Whether a reader can see a code cell's source: unless ``remove-cell`` or
+    ``remove-input`` (``SOURCE_REMOVED``) takes it off the page. A folded ``hide-input`` cell is
+    seen (a reader who unfolds it reads every line), so the book's folded setup cells and its
+    QUICK switch are read by every rule that uses this one, and pass: they name no machinery
+    and carry no pragma."""
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    return cell["cell_type"] == "code" and not tags & SOURCE_REMOVED
 
 
 def machinery_shown(notebook: dict) -> list[str]:
-    """The lines of visible code cells, and of the outputs the page shows, that name build
-    machinery (``MACHINERY``), one problem each."""
+    """The lines of code cells a reader can see (:func:`source_seen`), and of the outputs the
+    page shows, that name build machinery (``MACHINERY``), one problem each."""
     problems = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "code":
             continue
         tags = set(cell.get("metadata", {}).get("tags", []))
-        texts = [] if tags & HIDDEN else ["".join(cell["source"])]
+        texts = ["".join(cell["source"])] if source_seen(cell) else []
         if not tags & OUTPUT_HIDDEN:
             texts += ["".join(output.get("text", "")) for output in cell.get("outputs", [])]
         problems += [f"machinery shown: {line.strip()!r}" for text in texts
@@ -587,27 +600,28 @@ def machinery_shown(notebook: dict) -> list[str]:
     return problems
 
 
-#: A linter's pragma in a code line's comment (``noqa``, ``type: ignore``, ``pragma: no
-#: cover``, ``fmt: off``, ``pylint: disable``, ...): the project's tooling, not the lesson.
+#: A linter's pragma in a code line's comment: ``noqa``, ``type: ignore``, ``pragma: no cover``,
+#: ``fmt: off``, ``pylint: disable=``, ``ruff: noqa``, ``isort: skip``, ``mypy: ignore-errors``,
+#: ``pyright: ignore``, ``yapf: disable``, ``pyre-ignore``/``pyre-fixme``, ``pytype:
+#: disable=``, ``nosec``: the project's tooling, not the lesson. Each tool's name counts only
+#: with one of its directives after it, so that a comment about the tool ("# ruff: the linter
+#: the project uses") is a comment.
 PRAGMA = re.compile(
-    r"#\s*(?:noqa\b|type:\s*ignore\b|pragma:\s*no\s*(?:cover|branch)\b|fmt:\s*(?:on|off|skip)\b"
-    r"|(?:pylint|ruff|isort|mypy|pyright|flake8)\s*:|nosec\b)", re.I)
-#: Tags that keep a code cell's source off the page (``hide-input`` only folds it: a reader
-#: who unfolds the cell sees every line).
-SOURCE_REMOVED = {"remove-cell", "remove-input"}
+    r"#\s*(?:noqa\b|type:\s*ignore\b|pragma:\s*no\s*(?:cover|branch)\b"
+    r"|(?:fmt|yapf):\s*(?:on|off|skip|disable|enable)\b"
+    r"|(?:pylint|pytype):\s*(?:disable|enable|skip-file)\b"
+    r"|(?:ruff|flake8):\s*noqa\b|isort:\s*(?:skip|skip_file|off|on)\b"
+    r"|mypy:\s*(?:ignore-errors\b|(?:disable|enable)-error-code\b|strict\b|[\w-]+\s*=)"
+    r"|pyright:\s*(?:ignore\b|basic\b|strict\b|standard\b|report\w+\s*=)"
+    r"|pyre-(?:ignore|fixme|strict|unsafe)\b|nosec\b)", re.I)
 
 
 def pragmas_shown(notebook: dict) -> list[str]:
-    """The lines of code cells a reader can see (unfolded ``hide-input`` cells included) that
-    carry a linter pragma (``PRAGMA``), one problem each."""
-    problems = []
-    for cell in notebook["cells"]:
-        tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell["cell_type"] != "code" or tags & SOURCE_REMOVED:
-            continue
-        problems += [f"machinery shown: a linter pragma in code readers see: {line.strip()!r}"
-                     for line in "".join(cell["source"]).splitlines() if PRAGMA.search(line)]
-    return problems
+    """The lines of code cells a reader can see (:func:`source_seen`: unfolded ``hide-input``
+    cells included) that carry a linter pragma (``PRAGMA``), one problem each."""
+    return [f"machinery shown: a linter pragma in code readers see: {line.strip()!r}"
+            for cell in notebook["cells"] if source_seen(cell)
+            for line in "".join(cell["source"]).splitlines() if PRAGMA.search(line)]
 
 
 _SECTION_REFERENCE = re.compile(
@@ -715,24 +729,36 @@ _PRINTED_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", re.I)
 PRINTED_ROUNDING = 6e-3
 
 
-def _glued_values(notebook: dict) -> dict[str, object]:
-    """The values an executed page glued, by key (their repr, read back)."""
-    values = {}
+def glue_records(notebook: dict) -> dict[str, tuple[object, str]]:
+    """The values an executed page glued, by key, each as (value, text): the one reader of the
+    glue records (``GLUE_PREFIX``) every rule uses. Glued Markdown (quoted with ``{glue:md}``)
+    is its Markdown both times; any other value is its repr read back (``None`` when it cannot
+    be: an object's repr), and its text is what ``{glue:text}`` shows: a string without its
+    quotes, anything else its repr (``None``, ``nan``)."""
+    records = {}
     for cell in notebook["cells"]:
         for output in cell.get("outputs", []):
             name = output.get("metadata", {}).get("scrapbook", {}).get("name")
             data = output.get("data", {})
-            markdown = data.get("application/papermill.record/text/markdown")
-            if name and markdown is not None:  # glued Markdown (quoted with {glue:md})
-                values[name] = "".join(markdown)
+            markdown, plain = (data.get(GLUE_PREFIX + "text/markdown"),
+                               data.get(GLUE_PREFIX + "text/plain"))
+            if not name or (markdown is None and plain is None):
                 continue
-            text = data.get("application/papermill.record/text/plain")
-            if name and text is not None:
-                try:
-                    values[name] = ast.literal_eval("".join(text))
-                except (ValueError, SyntaxError):
-                    values[name] = None
-    return values
+            if markdown is not None:
+                records[name] = ("".join(markdown),) * 2
+                continue
+            raw = "".join(plain)
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = None
+            records[name] = (value, value if isinstance(value, str) else raw)
+    return records
+
+
+def _glued_values(notebook: dict) -> dict[str, object]:
+    """The values an executed page glued, by key (:func:`glue_records`)."""
+    return {key: value for key, (value, _) in glue_records(notebook).items()}
 
 
 def _printed(notebook: dict) -> str:
@@ -899,24 +925,8 @@ _GLUE_ANY_ROLE = re.compile(r"\{glue:(?:text|md)\}`(\w+)(?::([^`]*))?`")
 
 
 def glued_texts(notebook: dict) -> dict[str, str]:
-    """The text each glued value shows where the prose quotes it: glued Markdown as written,
-    a glued string without its quotes, any other value as its repr (``None``, ``nan``)."""
-    texts = {}
-    for cell in notebook["cells"]:
-        for output in cell.get("outputs", []):
-            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-            data = output.get("data", {})
-            markdown, plain = (data.get(GLUE_PREFIX + "text/markdown"),
-                               data.get(GLUE_PREFIX + "text/plain"))
-            if not name or (markdown is None and plain is None):
-                continue
-            raw = "".join(markdown if markdown is not None else plain)
-            try:
-                value = raw if markdown is not None else ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
-            texts[name] = value if isinstance(value, str) else raw
-    return texts
+    """The text each glued value shows where the prose quotes it (:func:`glue_records`)."""
+    return {key: text for key, (_, text) in glue_records(notebook).items()}
 
 
 def _filled(written: str, texts: dict[str, str], values: dict) -> tuple[str, list]:
