@@ -899,26 +899,41 @@ def unrecorded_glue(notebook: dict) -> list[str]:
 #: Nouns a page counts: after "1" they take the singular ("1 runs" is a template's plural).
 _COUNTED = (r"(?:runs|seeds|updates|windows|epochs|steps|times|samples|batches|micro-batches"
             r"|controls|rates|points|bars|cases|replicas|devices|images|rows|tokens|repeats"
-            r"|rounds|sizes|layers|weights|digits|pages)")
+            r"|rounds|sizes|layers|weights|digits|pages|seconds|minutes|hours|parameters"
+            r"|labels|classes|sequences|examples|iterations|checkpoints|columns)")
+#: Words before "on 0" / "in 0" that make the 0 a count ("lower on 0", "tied in 0"); "centred
+#: on 0" and "set to 0" are a value.
+_COUNTING = (r"(?:higher|lower|better|worse|faster|slower|larger|smaller|tied|ties|won|wins"
+             r"|lost|loses|diverged|failed|passed|ahead|behind|exact|equal|above|below)")
+#: Position nouns: "epoch 5 of 5" is the last epoch, not a template's "3 of 3".
+_POSITIONS = ("epoch", "update", "step", "window", "batch", "page", "part", "round", "seed",
+              "run", "chapter", "row", "column", "figure", "exercise", "cell")
 #: What glued text shows when a template was filled with a degenerate value, or not at all:
 #: regular expression (case-sensitive: "NaN" and "None of" are words) -> why. Matched on the
-#: page's sentences with the glued values in place, and reported only where the match touches
-#: a glued value (a written sentence is the author's own).
+#: page's sentences with the glued values in place, math (``$...$``) blanked out (a LaTeX
+#: brace is no format field), and reported only where the match touches a glued value (a
+#: written sentence is the author's own). A pattern with the groups ``lo`` and ``hi`` is a
+#: range, reported only when the two are the same number ("0.10 to 0.1").
 TEMPLATE_ARTEFACTS: dict[str, str] = {
     r"\{(?![a-z][\w:-]*\}`)|(?<![a-z])\}(?!`)":  # a MyST role in glued Markdown is no field
         "a brace: a format field left unfilled",
-    r"\bNone\b(?! of\b)": "Python's None where a value or a word belongs",
+    # Python's None: alone, or before a word that is no verb ("None diverged" is English)
+    r"\bNone\b(?! (?!and\b|or\b)[a-z]{2,})": "Python's None where a value or a word belongs",
     r"(?<![\w.])-?(?:nan|inf)(?!\w|\.\d)": "a float that is no number (nan, inf)",
     r"(?<![\w.,+-])0(?:\.0+)? times\b": "'0 times': say what it means (never, none, equal)",
-    r"\b(?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)|(?<![\w.,+-])0 of \d":
-        "a count of zero ('lower on 0', '0 of 3 seeds'): say 'none' or leave the clause out",
-    r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seeds')",
+    r"\b" + _COUNTING + r" (?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)"
+    r"|(?<![\w.,+-])0 of \d|(?<![\w.,+-])0 " + _COUNTED + r"\b":
+        "a count of zero ('lower on 0', '0 of 3 seeds', 'on 0 seeds'): say 'none' or leave "
+        "the clause out",
+    r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seconds')",
     r"\ball [012](?!\w|[.,]\d)": "'all 2' is 'both' ('all 1', 'all 0' are no 'all')",
-    r"(?<![\w.,+-])(\d+) of \1(?!\w|[.,]\d)": "'3 of 3': say 'all 3' or 'every'",
+    "".join(f"(?<!{noun} )" for noun in _POSITIONS)
+    + r"(?<![\w.,+-])(\d+) of \1(?!\w|[.,]\d)": "'3 of 3': say 'all 3' or 'every'",
     r"\b(?:up to|through|until|over the first|for the first|in the first) "
     r"(?:update|window|epoch|step|seed|batch)(?:es|s)? 1(?!\w|[.,]\d)":
         "a range that ends at 1 ('up to update 1'): say what happened at 1",
-    r"(?<![\w.+-])([-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?) to \1(?!\w|[.,]\d)":
+    r"(?<![\w.+-])(?P<lo>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?) to "
+    r"(?P<hi>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?)(?!\w|[.,]\d)":
         "a range from a value to itself",
 }
 _GLUE_ANY_ROLE = re.compile(r"\{glue:(?:text|md)\}`(\w+)(?::([^`]*))?`")
@@ -950,11 +965,21 @@ def _filled(written: str, texts: dict[str, str], values: dict) -> tuple[str, lis
     return "".join(filled), spans
 
 
+def _same_number(lo: str, hi: str) -> bool:
+    """Whether two written numbers ("0.10", "+0.1", "1,000") are the same value."""
+    try:
+        return float(lo.replace(",", "")) == float(hi.replace(",", ""))
+    except ValueError:
+        return lo == hi
+
+
 def template_artefacts(notebook: dict) -> list[str]:
     """Glued text the prose quotes that reads as an unfilled or degenerate template
     (``TEMPLATE_ARTEFACTS``; an empty glued string too), one problem each with the sentence
     as readers see it."""
-    texts, values = glued_texts(notebook), _glued_values(notebook)
+    records = glue_records(notebook)
+    texts = {key: text for key, (_, text) in records.items()}
+    values = {key: value for key, (value, _) in records.items()}
     problems = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "markdown":
@@ -963,12 +988,16 @@ def template_artefacts(notebook: dict) -> list[str]:
             filled, spans = _filled(written, texts, values)
             problems += [f"glued text {key!r} is empty: {written}" for _, _, key in spans
                          if key in texts and not texts[key].strip()]
+            blanked = re.sub(r"\$[^$]*\$", lambda m: " " * len(m.group(0)), filled)
             for pattern, why in TEMPLATE_ARTEFACTS.items():
-                for match in re.finditer(pattern, filled):
+                for match in re.finditer(pattern, blanked):
+                    groups = match.groupdict()
+                    if "lo" in groups and not _same_number(groups["lo"], groups["hi"]):
+                        continue
                     if any(start < match.end() and match.start() < end
                            or start == end == match.end() for start, end, _ in spans):
                         problems.append(f"template artefact in glued text ({why}): "
-                                        f"{match.group(0)!r} in: {filled}")
+                                        f"{filled[match.start():match.end()]!r} in: {filled}")
     return list(dict.fromkeys(problems))
 
 

@@ -695,12 +695,33 @@ def test_a_linter_pragma_in_code_readers_see_is_machinery(tags, flagged):
     assert bool(checker.page_problems("09_x", page)) is flagged
 
 
+@pytest.mark.parametrize("tags, seen", [((), True), (("hide-input",), True),
+                                        (("remove-input",), False), (("remove-cell",), False)])
+def test_machinery_and_pragmas_share_one_rule_for_a_seen_source(tags, seen):
+    """A folded ``hide-input`` cell is seen by both rules (a reader unfolds it); a removed
+    source by neither."""
+    cell = {"cell_type": "code", "source": "", "metadata": {"tags": list(tags)}}
+    assert checker.source_seen(cell) is seen
+    machinery = _page("text", code="x = 1  # hidden cell", tags=tags)
+    pragma = _page("text", code="x = 1  # noqa: F841", tags=tags)
+    assert bool(checker.machinery_shown(machinery)) is seen
+    assert bool(checker.pragmas_shown(pragma)) is seen
+
+
 @pytest.mark.parametrize("line, flagged", [
     ("import os  # noqa", True), ("x = f()  # type: ignore[attr-defined]", True),
     ("if x:  # pragma: no cover", True), ("# fmt: off", True),
     ("y = g()  # pylint: disable=invalid-name", True),
     ("def controls_text(cs):", False), ("# the type: a float", False),
     ("x = 1  # fmt is the format", False), ("# no QA needed: it is exact", False),
+    ("# yapf: disable", True), ("x = f()  # pyre-ignore[16]", True), ("# pyre-fixme[6]", True),
+    ("x = f()  # pytype: disable=attribute-error", True), ("# ruff: noqa: F401", True),
+    ("import a  # isort: skip", True), ("# mypy: ignore-errors", True),
+    ("# mypy: disable-error-code=attr-defined", True), ("x.y  # pyright: ignore", True),
+    ("# flake8: noqa", True),
+    ("# ruff: the linter the project uses, run on the library", False),
+    ("# mypy: a type checker; it is not run here", False), ("# pyre: a checker", False),
+    ("# isort sorts the imports", False), ("# pylint: a linter", False),
 ])
 def test_each_kind_of_pragma_is_found_and_plain_comments_pass(line, flagged):
     assert bool(checker.pragmas_shown(_page("text", code=line))) is flagged, line
@@ -756,11 +777,36 @@ def test_a_template_artefact_is_reported_only_where_a_glued_value_is():
     "in 0.5 s, on 0.25 of the data", "10 times the control, 1 run, 11 runs, 1,000 runs",
     "all 20 seeds, all 3 of them", "up to update 12, through epoch 1.5", "from 1 to 10",
     "see {doc}`chapter 3 <03_model_fit>`", "NaN in one micro-batch, Inf in another",
-    "0.10 to 0.1", "on 1 of 3 seeds, 12 of 13",
+    "on 1 of 3 seeds, 12 of 13", "None diverged", "None of the runs, none diverged",
+    "centred on 0, spread 0.2", "the weights at epoch 5 of 5", "set to 0 in 0.5 s",
+    "1 second, 0.5 seconds, 10 seconds",
 ])
 def test_glued_text_that_only_resembles_a_template_passes(glued):
     page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
     assert checker.template_artefacts(page) == [], glued
+
+
+@pytest.mark.parametrize("glued, why", [
+    ("0.10 to 0.1", "a range from a value to itself"),  # float-equal, written differently
+    ("+0.2 to 0.20 points", "a range from a value to itself"),
+    ("higher on 0 seeds", "a count of zero"), ("0 runs diverged", "a count of zero"),
+    ("done in 1 seconds", "one with a plural noun"), ("lr None and b 16", "Python's None"),
+])
+def test_degenerate_templates_the_first_rules_missed_fail(glued, why):
+    """Template artefacts the first version of the rules let through: float-equal ranges
+    written differently, a zero count before its noun, "1 seconds", None before "and"."""
+    page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
+    problems = checker.template_artefacts(page)
+    assert any(why in problem for problem in problems), (glued, problems)
+
+
+def test_latex_braces_in_glued_markdown_are_no_format_field():
+    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
+                                "below $10^{-3}$, the $\\frac{1}{K}$ share")
+    assert checker.template_artefacts(page) == []
+    unfilled = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
+                                    "below {bound:.0e}, the $\\frac{1}{K}$ share")
+    assert len(checker.template_artefacts(unfilled)) == 1  # the field, once
 
 
 def test_main_reports_a_build_s_template_artefact(tmp_path, capsys):
