@@ -29,17 +29,20 @@ text against the page-wide entries and ``MARKDOWN_MACHINERY`` (the project's CI,
 commands, a run the reader cannot see: ``markdown_page_problems``), by
 ``tests/test_prose_numbers.py``.
 
-The fourth rule: what only the build should see stays off the page: a visible code cell (or
-the output it shows) that names build machinery (``MACHINERY``: "hidden cell", cell tags, the
-build's folders and variables); a reference to a numbered section ("section 2", "sections 4
+The fourth rule: what only the build should see stays off the page: a code cell whose source
+a reader can see (``source_seen``: a folded ``hide-input`` cell is seen, a ``remove-input`` or
+``remove-cell`` one is not; the same rule for machinery and pragmas), or the output it shows,
+that names build machinery (``MACHINERY``: "hidden cell", cell tags, the build's folders
+and variables); a reference to a numbered section ("section 2", "sections 4
 to 6") that no numbered heading of the page carries (another page's section, "chapter 7's
 section 3", is not checked); and a value glued from a file rather than computed by the page's
 code (``glued_from_files``: a glue whose value depends on something read with ``open``,
 ``json.load``, ``np.load`` or a function that reads a file), unless ``ALLOWED_FILE_GLUE``
 lists it for that page with why; and a linter pragma (``PRAGMA``: ``noqa``, ``type: ignore``,
-``pragma: no cover``, ``fmt: off``, ...) in a code cell readers see, a folded ``hide-input``
-cell included (``pragmas_shown``). These read the sources too, so ``tests/test_prose_numbers.py``
-runs them on ``book/*.ipynb`` without a build. The prose (markdown cells, and the Markdown pages
+``pragma: no cover``, ``fmt: off``, ``yapf: disable``, ``pyre-ignore``, ...: a tool's
+directive, not a comment about the tool) in a code cell readers see (``pragmas_shown``).
+These read the sources too, so ``tests/test_prose_numbers.py`` runs them on ``book/*.ipynb``
+without a build. The prose (markdown cells, and the Markdown pages
 through ``markdown_page_problems``; not code, code spans or outputs, where Python's ``assert``
 is at home) must not speak the tests' language: "asserted", "the assert(s)", "the cell asserts
 that" (``ASSERT_WORDS``): it says what the page checks and shows.
@@ -68,6 +71,16 @@ put in its sentence as readers see it, must not read as a degenerate or unfilled
 ``CONTROL_SPREAD`` (100) times apart or more (glued as ``<name>_controls`` and quoted, or printed
 after "reordering controls") need a glued explanation the prose quotes
 (a ``*_controls_note`` that says a control jumped or diverged: ``unexplained_control_spread``).
+
+The eighth rule holds what fresh readers found (``reader_finds``, on the sources and the
+executed pages): a code constant's ALL_CAPS name, assigned by the page's code, in the prose
+(``constant_names_in_prose``: readers get words and a value; a code span that sets it, a
+fenced listing, environment variables and ``accumcore.__all__`` are not reported); a figure's
+alt text or caption naming an element its code draws only under an ``if``
+(``conditional_figure_elements``, a narrow heuristic: see there); and a vague magnitude
+("orders of magnitude", "a hundredfold or more") in a sentence, written or glued, or a
+caption, with no number in it (``vague_magnitudes``). ``READER_FINDS_PENDING`` lists the
+problems of pages being rewritten; a stale entry fails.
 
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
 and one per uncomputed comparison); python scripts/check_prose_numbers.py --html HTML_DIR
@@ -1088,7 +1101,214 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
         from_files = [] if from_files else [
             "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
     return (machinery_shown(notebook) + pragmas_shown(notebook) + missing_sections(notebook)
-            + from_files + notebook_assert_words(notebook))
+            + from_files + notebook_assert_words(notebook) + reader_finds(stem, notebook))
+
+
+# ---------------------------------------------------------------------------- reader finds
+#: What a code constant's name looks like: ALL_CAPS, two characters or more, two letters or
+#: more (``EPOCHS``, ``LEARNING_RATE``, ``WARMUP_RUN``; not ``K`` or ``B``, the book's math).
+_CONSTANT = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*")
+#: A code span that sets a constant (```MAX_MICRO_BATCH = 16```): an exercise telling the
+#: reader which line to edit and to what value, so both the name and the value are there.
+_SETTING_SPAN = re.compile(r"`\s*[A-Z][A-Z0-9_]*\s*=\s*[^`=]+`")
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _library_exports() -> set[str]:
+    """``accumcore.__all__``, read from the package's ``__init__.py`` without importing it
+    (TensorFlow is not needed to check prose): API a reader uses may be named."""
+    try:
+        tree = ast.parse((_ROOT / "accumcore" / "__init__.py").read_text(encoding="utf-8"))
+    except OSError:
+        return set()
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                 for t in node.targets)):
+            try:
+                return set(ast.literal_eval(node.value))
+            except ValueError:
+                return set()
+    return set()
+
+
+def page_constants(notebook: dict) -> set[str]:
+    """The ALL_CAPS names (``_CONSTANT``) the page's code cells assign (any cell, removed ones
+    too: the name is the page's own either way), without the library's exports."""
+    names = {node.id for tree in _trees(notebook) for node in ast.walk(tree)
+             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+             and _CONSTANT.fullmatch(node.id) and len(re.findall("[A-Z]", node.id)) >= 2}
+    return names - _library_exports()
+
+
+def constant_names_in_prose(notebook: dict) -> list[str]:
+    """A code constant's name in the prose (reader find: "for `EPOCHS` epochs", "a fresh
+    `SGD(LEARNING_RATE)`", "`WARMUP_RUN`"): an ALL_CAPS name the page's code assigns
+    (:func:`page_constants`), in a Markdown cell's text or code spans, one problem per name
+    and sentence. Readers get words and the value, not the variable. Not read: fenced code
+    blocks (a listing is code), math, roles, link targets, and a code span that sets the
+    constant (``_SETTING_SPAN``: ```MAX_MICRO_BATCH = 16``` in an exercise says which line to
+    edit, value included). Environment variables (``ACCUMCORE_QUICK``) are strings in the
+    code, not assigned names, so the QUICK switch's cells are not the prose's business; names
+    the library exports (``accumcore.__all__``) are API a reader uses, and Keras's or
+    TensorFlow's constants are not assigned by a page, so neither is reported."""
+    names = page_constants(notebook)
+    if not names:
+        return []
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(sorted(names, key=len, reverse=True))
+                         + r")(?!\w)")
+    strip = [pattern_ for pattern_ in _STRIP if "`[^`]*`" != pattern_.pattern]
+    problems = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for written, _ in sentences("".join(cell["source"])):
+            text = _SETTING_SPAN.sub(" ", written)
+            for strip_ in strip:
+                text = strip_.sub(" ", text)
+            for name in dict.fromkeys(pattern.findall(text)):
+                problems.append(f"a code constant's name in the prose: {name!r} (say what it "
+                                f"is, in words, with its value): {written}")
+    return problems
+
+
+#: Drawing calls (matplotlib's ``Axes`` methods) whose element a caption or alt text may name.
+DRAW_CALLS = {"axhline", "axvline", "axhspan", "axvspan", "hlines", "vlines", "plot",
+              "semilogy", "semilogx", "loglog", "scatter", "fill_between", "bar", "barh",
+              "errorbar", "step", "text", "annotate"}
+#: Lines and spans, whose position argument names what they mark (``ax.axhline(floor)``).
+_MARKS = {"axhline", "axvline", "axhspan", "axvspan", "hlines", "vlines"}
+#: Words that make a caption's clause conditional ("a dotted line at the floor, if a gap is 0").
+_CONDITIONAL = re.compile(r"\b(?:if|when|whenever|unless|only where)\b", re.I)
+
+
+def _figure_texts(cell: dict) -> list[str]:
+    """A code cell's figure alt text and caption (myst-nb's ``mystnb`` metadata)."""
+    meta = cell.get("metadata", {}).get("mystnb", {})
+    return [text for text in (meta.get("image", {}).get("alt"),
+                              meta.get("figure", {}).get("caption")) if isinstance(text, str)]
+
+
+def _element_names(call: ast.Call) -> set[str]:
+    """What a drawing call's element is called: the first word (three letters or more) of its
+    ``label=``'s written text, and for a line or span, the name of the variable it marks."""
+    names = set()
+    for keyword in call.keywords:
+        if keyword.arg != "label":
+            continue
+        value = keyword.value
+        parts = value.values if isinstance(value, ast.JoinedStr) else [value]
+        text = "".join(part.value for part in parts
+                       if isinstance(part, ast.Constant) and isinstance(part.value, str))
+        names.update(re.findall(r"[A-Za-z]{3,}", text)[:1])
+    if _called_name(call) in _MARKS:
+        names.update(arg.id.replace("_", " ") for arg in call.args[:1]
+                     if isinstance(arg, ast.Name) and len(arg.id) >= 3)
+    return {name.lower() for name in names}
+
+
+def conditional_figure_elements(notebook: dict) -> list[str]:
+    """A figure's alt text or caption naming an element its code draws only under an ``if``
+    (reader find: chapter 4's alt text promised "a dotted line at the floor", drawn by
+    ``ax.axhline(floor, ..., label="floor ...")`` under ``if zeros:``; a run without exact
+    zeros shows no such line). The heuristic, narrow on purpose: in a cell with alt text or a
+    caption, a drawing call (``DRAW_CALLS``) in the body or ``else`` of an ``if`` statement is
+    named by its label's first word and, for a line or span, by its position variable
+    (:func:`_element_names`); the caption names it if it holds that word, whole, singular or
+    plural, in a clause with no conditional word (``_CONDITIONAL``: "if", "when", "unless",
+    ...). Not seen: conditional expressions (``label=... if x else None``), elements drawn by a
+    helper function that decides for itself, loops over a possibly empty list."""
+    problems = []
+    for cell in notebook["cells"]:
+        texts = _figure_texts(cell) if cell["cell_type"] == "code" else []
+        if not texts:
+            continue
+        try:
+            tree = ast.parse("".join(cell["source"]))
+        except SyntaxError:
+            continue
+        names = set()
+        for branch in (n for n in ast.walk(tree) if isinstance(n, ast.If)):
+            for statement in branch.body + branch.orelse:
+                names.update(name for call in ast.walk(statement)
+                             if isinstance(call, ast.Call) and _called_name(call) in DRAW_CALLS
+                             for name in _element_names(call))
+        for text in texts:
+            for clause in re.split(r"[.;:]\s", text):
+                if _CONDITIONAL.search(clause):
+                    continue
+                for name in sorted(names):
+                    if re.search(r"\b" + re.escape(name) + r"s?\b", clause, re.I):
+                        problems.append(f"a figure's text names {name!r}, which its code draws "
+                                        f"only under an 'if' (say when it is drawn, or draw it "
+                                        f"always): {text}")
+    return list(dict.fromkeys(problems))
+
+
+#: A vague magnitude: "orders of magnitude", "a hundredfold or more", "ten times or more",
+#: "a factor of ten or more". Said with no number beside it, the reader cannot tell 10 from
+#: 10,000; the page can print the factor.
+VAGUE_MAGNITUDE = re.compile(
+    r"\borders? of magnitude\b|\b(?:an? )?(?:\w+fold|times|hundreds?|thousands?|millions?"
+    r"|factor of \w+)\s+or\s+(?:more|over|above|greater|larger)\b", re.I)
+
+
+def vague_magnitudes(notebook: dict) -> list[str]:
+    """A vague magnitude (``VAGUE_MAGNITUDE``) in a sentence with no number in it, as readers
+    see it: written or glued into the prose (the glued values in place), or in a figure's alt
+    text or caption, one problem each. A number is a digit anywhere in the sentence (code spans
+    and math included); on the sources a quoted glue whose value is not recorded may hold one,
+    so it counts as a number there (the executed page, with its values, decides)."""
+    records = glue_records(notebook)
+    texts = {key: text for key, (_, text) in records.items()}
+    values = {key: value for key, (value, _) in records.items()}
+    found = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            for written, _ in sentences("".join(cell["source"])):
+                unknown = any(m.group(1) not in texts for m in _GLUE_ANY_ROLE.finditer(written))
+                filled, _ = _filled(written, texts, values)
+                filled = re.sub(r"\{[a-z]+\}`([^`]*)`", r"\1", filled)  # other roles' text
+                found.append((filled, unknown))
+        elif cell["cell_type"] == "code":
+            found += [(sentence, False) for text in _figure_texts(cell)
+                      for sentence in re.split(r"(?<=[.!?])\s+", text)]
+    return list(dict.fromkeys(
+        f"a vague magnitude with no number in its sentence ({match.group(0)!r}: say the factor "
+        f"the page prints): {sentence}"
+        for sentence, unknown in found if not unknown and not re.search(r"\d", sentence)
+        for match in VAGUE_MAGNITUDE.finditer(sentence)))
+
+
+#: page (notebook stem) -> {a fragment of a problem of :func:`reader_finds`: why it is not
+#: reported yet}: pages being rewritten for the reader finds. A listed fragment that matches
+#: no problem of its page fails (the entry is stale: remove it).
+_NAMED = "being rewritten: the constant said in words, with its value"
+READER_FINDS_PENDING: dict[str, dict[str, str]] = {
+    "02_tf_function": {"'EPOCHS' (say": _NAMED},
+    "04_mnist_experiments": {
+        "'SEED' (say": _NAMED, "'LEARNING_RATE' (say": _NAMED, "'EVAL_EVERY' (say": _NAMED,
+        "names 'floor'": "being rewritten: the alt text says when the floor line is drawn"},
+    "05_lr_sweeps": {"'WARMUP_RUN' (say": _NAMED, "'MAX_MICRO_BATCH' (say": _NAMED,
+                     "'EPOCHS' (say": _NAMED},
+    "06_pitfalls": {"'EXACT' (say": _NAMED},
+    "appendix_a_roundoff": {"'orders of magnitude'": "being rewritten: the caption says the "
+                                                     "factor the page prints"},
+    "guide_resume": {"'SEED' (say": _NAMED, "'MICRO_BATCH' (say": _NAMED,
+                     "'EPOCHS' (say": _NAMED},
+}
+
+
+def reader_finds(stem: str, notebook: dict) -> list[str]:
+    """The eighth rule's problems of one page (sources or executed): code constants' names in
+    the prose, figure texts naming conditionally drawn elements, vague magnitudes with no
+    number; less those ``READER_FINDS_PENDING`` lists for the page, plus its stale entries."""
+    problems = (constant_names_in_prose(notebook) + conditional_figure_elements(notebook)
+                + vague_magnitudes(notebook))
+    pending = READER_FINDS_PENDING.get(stem, {})
+    return [problem for problem in problems
+            if not any(fragment in problem for fragment in pending)] + [
+        f"READER_FINDS_PENDING entry matches no problem of the page: {fragment!r}"
+        for fragment in pending if not any(fragment in problem for problem in problems)]
 
 
 # ---------------------------------------------------------------------------- assert words
@@ -1292,7 +1512,8 @@ def main(argv: list[str]) -> int:
     print(f"check_prose_numbers: {len(notebooks)} pages, {len(failures)} unshown numbers, "
           f"{len(compared)} uncomputed comparisons, known contradictions, machinery, missing "
           "sections, values glued from files, glued numbers not printed, glued template "
-          "artefacts or unexplained control spreads")
+          "artefacts, unexplained control spreads, constants named in the prose, conditional "
+          "figure elements or vague magnitudes")
     return 1 if failures or compared else 0
 
 

@@ -309,6 +309,7 @@ def test_no_page_of_the_book_shows_machinery_cites_a_missing_section_or_glues_a_
     assert not problems, "\n".join(problems)
     stems = {path.stem for path in notebooks}
     assert set(checker.ALLOWED_FILE_GLUE) | set(checker.FILE_GLUE_PENDING) <= stems
+    assert set(checker.READER_FINDS_PENDING) <= stems
 
 
 # ---------------------------------------------------------------------------- issue 48's review
@@ -869,3 +870,123 @@ def test_printed_sibling_controls_far_apart_need_a_glued_explanation(printed, ta
     explained = _glued_page("It ends as the controls do; {glue:text}`controls_note`.", printed,
                             {"controls_note": _JUMPED}, tags=tags)
     assert checker.unexplained_control_spread(explained) == []
+
+
+# ---------------------------------------------------------------------------- reader finds
+def _code_and_prose(code: str, markdown: str, tags: tuple = ()) -> dict:
+    return _page(markdown, code=code, tags=tags)
+
+
+@pytest.mark.parametrize("markdown, flagged", [
+    ("Each mode trains for `EPOCHS` epochs.", True),  # chapter 2
+    ("It compiles it with a fresh `SGD(LEARNING_RATE)`.", True),  # chapter 4
+    ("The warm-up lasts one epoch (`WARMUP_RUN`).", True),  # chapter 5
+    ("It trains for EPOCHS epochs.", True),  # not in backticks either
+    ("Each mode trains for {glue:text}`epochs` epochs.", False),
+    ("Each mode trains for 3 epochs, at a learning rate of 0.05.", False),
+    ("Rerun the sweep with `EPOCHS = 10`: the budget grows.", False),  # which line to edit
+    ("```python\nmodel.fit(x, y, epochs=EPOCHS)\n```\nIt trains.", False),  # a listing
+    ("The batch $B$ is $K$ micro-batches; MNIST has ten digits.", False),  # not assigned
+    ("Set `ACCUMCORE_QUICK=1` or flip QUICK_NOTE.", False),  # assigned nowhere on the page
+])
+def test_a_code_constant_s_name_in_the_prose_fails(markdown, flagged):
+    """Readers get words and a value, not the variable: an ALL_CAPS name the page's code
+    assigns, in the prose, in backticks or not."""
+    code = "EPOCHS = 3\nLEARNING_RATE = 0.05\nWARMUP_RUN = 1\nK, B = 4, 64\nprint(EPOCHS)"
+    problems = checker.constant_names_in_prose(_code_and_prose(code, markdown))
+    assert bool(problems) is flagged, problems
+    assert bool(checker.page_problems("09_x", _code_and_prose(code, markdown))) is flagged
+
+
+def test_the_quick_switch_and_library_exports_are_not_code_constants():
+    """The book's QUICK switch (a visible ``QUICK = False`` and the removed cell reading
+    ``ACCUMCORE_QUICK``) is code; prose naming it is reported like any constant, but the
+    switch's cells themselves are not prose. A name in ``accumcore.__all__`` is API."""
+    switch = {"cells": [
+        {"cell_type": "code", "source": "QUICK = False  # True: a faster, smaller run",
+         "metadata": {}, "outputs": []},
+        {"cell_type": "code", "source": 'import os\nQUICK = QUICK or os.environ.get('
+         '"ACCUMCORE_QUICK") == "1"', "metadata": {"tags": ["remove-cell"]}, "outputs": []},
+        {"cell_type": "markdown", "source": "The run takes a minute.", "metadata": {}}]}
+    assert checker.page_problems("09_x", switch) == []
+    exports = sorted(checker._library_exports())
+    assert "AccumModel" in exports
+    page = _code_and_prose("\n".join(f"{name} = 1" for name in exports if name.isupper())
+                           + "\nMY_RATE = 1", "It uses MY_RATE and every export.")
+    assert checker.page_constants(page) == {"MY_RATE"}
+
+
+_FLOOR_CELL = '''ax = plot(gaps)
+if zeros:  # the floor marks something only where a gap is drawn on it
+    ax.axhline(floor, color="grey", linestyle=":", label=f"floor {floor:g} nats")
+plt.show()'''
+
+
+@pytest.mark.parametrize("code, alt, flagged", [
+    (_FLOOR_CELL, "Line chart: each run's distance, with a dotted line at the floor.", True),
+    (_FLOOR_CELL, "Line chart: each run's distance; a dotted floor line if a gap is 0.", False),
+    (_FLOOR_CELL, "Line chart: each run's distance from the batch-64 curve.", False),
+    (_FLOOR_CELL.replace("if zeros:", "if True:").replace("    ax.axhline", "    pass\nax.axhline"),
+     "Line chart: each run's distance, with a dotted line at the floor.", False),
+    ("ax.plot(x, y, label='loss')\nif best:\n    ax.scatter(b, a, label='best rate')\n",
+     "Line chart: the loss, the best rates marked.", True),
+    ("ax.plot(x, y, label='loss')\nif best:\n    ax.scatter(b, a, label='best rate')\n",
+     "Line chart: the loss against the samples seen.", False),
+])
+def test_a_figure_text_naming_a_conditionally_drawn_element_fails(code, alt, flagged):
+    """Chapter 4's alt text promised "a dotted line at the floor", which its code draws only
+    under ``if zeros:``."""
+    page = {"cells": [{"cell_type": "code", "source": code, "outputs": [],
+                       "metadata": {"tags": ["hide-input"],
+                                    "mystnb": {"image": {"alt": alt}}}}]}
+    problems = checker.conditional_figure_elements(page)
+    assert bool(problems) is flagged, problems
+    caption = {"cells": [{**page["cells"][0], "metadata": {
+        "mystnb": {"figure": {"caption": alt}, "image": {"alt": "A chart."}}}}]}
+    assert bool(checker.conditional_figure_elements(caption)) is flagged
+
+
+@pytest.mark.parametrize("markdown, glued, flagged", [
+    ("The controls grew by orders of magnitude.", {}, True),
+    ("The controls grew by orders of magnitude (from 1e-07 to 3e-04).", {}, False),
+    ("The control diverged a hundredfold or more.", {}, True),
+    ("The control diverged ten times or more, to {glue:text}`ratio:.0f` times.",
+     {"ratio": 312.0}, False),
+    ("Per update, {glue:text}`controls_note`.",  # chapter 3's glued note
+     {"controls_note": "the reversed control diverged gradually, a hundredfold or more "
+                       "without a tenfold jump in any one update"}, True),
+    ("Per update, {glue:text}`controls_note`.",
+     {"controls_note": "the reversed control diverged gradually, 312 times over the run, "
+                       "without a tenfold jump in any one update"}, False),
+    ("Per update, {glue:text}`controls_note`.",  # a number in the same sentence
+     {"controls_note": "it grew a hundredfold or more (from 1.2e-07 to 4.0e-05)"}, False),
+    ("It is an order of magnitude slower.", {}, True),
+    ("It is ten times faster or more.", {}, False),  # 'or more' about no magnitude word
+])
+def test_a_vague_magnitude_with_no_number_in_its_sentence_fails(markdown, glued, flagged):
+    page = _glued_page(markdown, "x\n", glued)
+    problems = checker.vague_magnitudes(page)
+    assert bool(problems) is flagged, problems
+
+
+def test_a_vague_magnitude_in_a_caption_fails_and_an_unrecorded_glue_may_be_a_number():
+    """Appendix A's caption ("grow from round-off by orders of magnitude"); on the sources a
+    glue's value is unknown, so a sentence quoting one is left to the executed page."""
+    page = {"cells": [{"cell_type": "code", "source": "plot()", "outputs": [], "metadata": {
+        "mystnb": {"figure": {"caption": "Red: the controls grow by orders of magnitude."}}}}]}
+    assert checker.vague_magnitudes(page)
+    source = _page("It grew by orders of magnitude, {glue:text}`factor_words`.")
+    assert checker.vague_magnitudes(source) == []
+    executed = _glued_page("It grew by orders of magnitude, {glue:text}`factor_words`.", "x\n",
+                           {"factor_words": "more than the controls"})
+    assert checker.vague_magnitudes(executed)
+
+
+def test_a_pending_reader_find_is_not_reported_until_it_is_gone(monkeypatch):
+    page = _code_and_prose("EPOCHS = 3", "It trains for `EPOCHS` epochs.")
+    monkeypatch.setitem(checker.READER_FINDS_PENDING, "09_x", {"'EPOCHS'": "being rewritten"})
+    assert checker.reader_finds("09_x", page) == []
+    assert checker.reader_finds("09_y", page)
+    rewritten = _code_and_prose("EPOCHS = 3", "It trains for 3 epochs.")
+    assert checker.reader_finds("09_x", rewritten) == [
+        "READER_FINDS_PENDING entry matches no problem of the page: \"'EPOCHS'\""]
