@@ -521,15 +521,16 @@ MARKDOWN_MACHINERY: dict[str, str] = {
 
 
 def markdown_page_problems(markdown: str) -> list[str]:
-    """The page-wide ``KNOWN_CONTRADICTIONS``, ``MARKDOWN_MACHINERY`` and ``ASSERT_WORDS``
-    found in a Markdown page's visible text (its MyST ``%`` comments removed by the caller), one
-    line each."""
+    """The page-wide ``KNOWN_CONTRADICTIONS``, ``MARKDOWN_MACHINERY``, ``ASSERT_WORDS`` and
+    vague magnitudes with no number (:func:`vague_magnitudes`) found in a Markdown page's
+    visible text (its MyST ``%`` comments removed by the caller), one line each."""
     page = {"cells": [{"cell_type": "markdown", "source": markdown}]}
     text = page_text(page, outputs=False)
     return known_contradictions("*", page, outputs=False) + [
         f"machinery on a Markdown page: {match.group(0)!r} ({why})"
         for pattern, why in MARKDOWN_MACHINERY.items()
-        for match in [re.search(pattern, text, re.I)] if match] + assert_words(markdown)
+        for match in [re.search(pattern, text, re.I)] if match] + assert_words(markdown) + (
+        vague_magnitudes(page))
 
 
 def page_text(notebook: dict, outputs: bool = True) -> str:

@@ -985,6 +985,12 @@ def test_a_vague_magnitude_in_a_caption_fails_and_an_unrecorded_glue_may_be_a_nu
     assert checker.vague_magnitudes(executed)
 
 
+def test_a_vague_magnitude_on_a_markdown_page_fails():
+    assert checker.markdown_page_problems("The error grows by orders of magnitude.")
+    assert checker.markdown_page_problems("The error grows 300-fold (orders of magnitude).") \
+        == []
+
+
 def test_a_pending_reader_find_is_not_reported_until_it_is_gone(monkeypatch):
     page = _code_and_prose("EPOCHS = 3", "It trains for `EPOCHS` epochs.")
     monkeypatch.setitem(checker.READER_FINDS_PENDING, "09_x", {"'EPOCHS'": "being rewritten"})
