@@ -29,17 +29,20 @@ text against the page-wide entries and ``MARKDOWN_MACHINERY`` (the project's CI,
 commands, a run the reader cannot see: ``markdown_page_problems``), by
 ``tests/test_prose_numbers.py``.
 
-The fourth rule: what only the build should see stays off the page: a visible code cell (or
-the output it shows) that names build machinery (``MACHINERY``: "hidden cell", cell tags, the
-build's folders and variables); a reference to a numbered section ("section 2", "sections 4
+The fourth rule: what only the build should see stays off the page: a code cell whose source
+a reader can see (``source_seen``: a folded ``hide-input`` cell is seen, a ``remove-input`` or
+``remove-cell`` one is not; the same rule for machinery and pragmas), or the output it shows,
+that names build machinery (``MACHINERY``: "hidden cell", cell tags, the build's folders
+and variables); a reference to a numbered section ("section 2", "sections 4
 to 6") that no numbered heading of the page carries (another page's section, "chapter 7's
 section 3", is not checked); and a value glued from a file rather than computed by the page's
 code (``glued_from_files``: a glue whose value depends on something read with ``open``,
 ``json.load``, ``np.load`` or a function that reads a file), unless ``ALLOWED_FILE_GLUE``
 lists it for that page with why; and a linter pragma (``PRAGMA``: ``noqa``, ``type: ignore``,
-``pragma: no cover``, ``fmt: off``, ...) in a code cell readers see, a folded ``hide-input``
-cell included (``pragmas_shown``). These read the sources too, so ``tests/test_prose_numbers.py``
-runs them on ``book/*.ipynb`` without a build. The prose (markdown cells, and the Markdown pages
+``pragma: no cover``, ``fmt: off``, ``yapf: disable``, ``pyre-ignore``, ...: a tool's
+directive, not a comment about the tool) in a code cell readers see (``pragmas_shown``).
+These read the sources too, so ``tests/test_prose_numbers.py`` runs them on ``book/*.ipynb``
+without a build. The prose (markdown cells, and the Markdown pages
 through ``markdown_page_problems``; not code, code spans or outputs, where Python's ``assert``
 is at home) must not speak the tests' language: "asserted", "the assert(s)", "the cell asserts
 that" (``ASSERT_WORDS``): it says what the page checks and shows.
@@ -68,6 +71,16 @@ put in its sentence as readers see it, must not read as a degenerate or unfilled
 ``CONTROL_SPREAD`` (100) times apart or more (glued as ``<name>_controls`` and quoted, or printed
 after "reordering controls") need a glued explanation the prose quotes
 (a ``*_controls_note`` that says a control jumped or diverged: ``unexplained_control_spread``).
+
+The eighth rule holds what fresh readers found (``reader_finds``, on the sources and the
+executed pages): a code constant's ALL_CAPS name, assigned by the page's code, in the prose
+(``constant_names_in_prose``: readers get words and a value; a code span that sets it, a
+fenced listing, environment variables and ``accumcore.__all__`` are not reported); a figure's
+alt text or caption naming an element its code draws only under an ``if``
+(``conditional_figure_elements``, a narrow heuristic: see there); and a vague magnitude
+("orders of magnitude", "a hundredfold or more") in a sentence, written or glued, or a
+caption, with no number in it (``vague_magnitudes``). ``READER_FINDS_PENDING`` lists the
+problems of pages being rewritten; a stale entry fails the tests on the sources.
 
 Usage: python scripts/check_prose_numbers.py [EXECUTED_DIR]   (exit 1 with one line per number
 and one per uncomputed comparison); python scripts/check_prose_numbers.py --html HTML_DIR
@@ -508,15 +521,16 @@ MARKDOWN_MACHINERY: dict[str, str] = {
 
 
 def markdown_page_problems(markdown: str) -> list[str]:
-    """The page-wide ``KNOWN_CONTRADICTIONS``, ``MARKDOWN_MACHINERY`` and ``ASSERT_WORDS``
-    found in a Markdown page's visible text (its MyST ``%`` comments removed by the caller), one
-    line each."""
+    """The page-wide ``KNOWN_CONTRADICTIONS``, ``MARKDOWN_MACHINERY``, ``ASSERT_WORDS`` and
+    vague magnitudes with no number (:func:`vague_magnitudes`) found in a Markdown page's
+    visible text (its MyST ``%`` comments removed by the caller), one line each."""
     page = {"cells": [{"cell_type": "markdown", "source": markdown}]}
     text = page_text(page, outputs=False)
     return known_contradictions("*", page, outputs=False) + [
         f"machinery on a Markdown page: {match.group(0)!r} ({why})"
         for pattern, why in MARKDOWN_MACHINERY.items()
-        for match in [re.search(pattern, text, re.I)] if match] + assert_words(markdown)
+        for match in [re.search(pattern, text, re.I)] if match] + assert_words(markdown) + (
+        vague_magnitudes(page))
 
 
 def page_text(notebook: dict, outputs: bool = True) -> str:
@@ -569,17 +583,30 @@ MACHINERY = re.compile(
     r"|ACCUMCORE_BOOK_BUILD|jupyter_execute|\b_build/", re.I)
 #: Tags that keep a cell's output off the page.
 OUTPUT_HIDDEN = {"remove-cell", "remove-output"}
+#: Tags that keep a code cell's source off the page (``hide-input`` only folds it: a reader
+#: who unfolds the cell sees every line).
+SOURCE_REMOVED = {"remove-cell", "remove-input"}
+
+
+def source_seen(cell: dict) -> bool:
+    """Whether a reader can see a code cell's source: unless ``remove-cell`` or
+    ``remove-input`` (``SOURCE_REMOVED``) takes it off the page. A folded ``hide-input`` cell is
+    seen (a reader who unfolds it reads every line), so the book's folded setup cells and its
+    QUICK switch are read by every rule that uses this one, and pass: they name no machinery
+    and carry no pragma."""
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    return cell["cell_type"] == "code" and not tags & SOURCE_REMOVED
 
 
 def machinery_shown(notebook: dict) -> list[str]:
-    """The lines of visible code cells, and of the outputs the page shows, that name build
-    machinery (``MACHINERY``), one problem each."""
+    """The lines of code cells a reader can see (:func:`source_seen`), and of the outputs the
+    page shows, that name build machinery (``MACHINERY``), one problem each."""
     problems = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "code":
             continue
         tags = set(cell.get("metadata", {}).get("tags", []))
-        texts = [] if tags & HIDDEN else ["".join(cell["source"])]
+        texts = ["".join(cell["source"])] if source_seen(cell) else []
         if not tags & OUTPUT_HIDDEN:
             texts += ["".join(output.get("text", "")) for output in cell.get("outputs", [])]
         problems += [f"machinery shown: {line.strip()!r}" for text in texts
@@ -587,27 +614,28 @@ def machinery_shown(notebook: dict) -> list[str]:
     return problems
 
 
-#: A linter's pragma in a code line's comment (``noqa``, ``type: ignore``, ``pragma: no
-#: cover``, ``fmt: off``, ``pylint: disable``, ...): the project's tooling, not the lesson.
+#: A linter's pragma in a code line's comment: ``noqa``, ``type: ignore``, ``pragma: no cover``,
+#: ``fmt: off``, ``pylint: disable=``, ``ruff: noqa``, ``isort: skip``, ``mypy: ignore-errors``,
+#: ``pyright: ignore``, ``yapf: disable``, ``pyre-ignore``/``pyre-fixme``, ``pytype:
+#: disable=``, ``nosec``: the project's tooling, not the lesson. Each tool's name counts only
+#: with one of its directives after it, so that a comment about the tool ("# ruff: the linter
+#: the project uses") is a comment.
 PRAGMA = re.compile(
-    r"#\s*(?:noqa\b|type:\s*ignore\b|pragma:\s*no\s*(?:cover|branch)\b|fmt:\s*(?:on|off|skip)\b"
-    r"|(?:pylint|ruff|isort|mypy|pyright|flake8)\s*:|nosec\b)", re.I)
-#: Tags that keep a code cell's source off the page (``hide-input`` only folds it: a reader
-#: who unfolds the cell sees every line).
-SOURCE_REMOVED = {"remove-cell", "remove-input"}
+    r"#\s*(?:noqa\b|type:\s*ignore\b|pragma:\s*no\s*(?:cover|branch)\b"
+    r"|(?:fmt|yapf):\s*(?:on|off|skip|disable|enable)\b"
+    r"|(?:pylint|pytype):\s*(?:disable|enable|skip-file)\b"
+    r"|(?:ruff|flake8):\s*noqa\b|isort:\s*(?:skip|skip_file|off|on)\b"
+    r"|mypy:\s*(?:ignore-errors\b|(?:disable|enable)-error-code\b|strict\b|[\w-]+\s*=)"
+    r"|pyright:\s*(?:ignore\b|basic\b|strict\b|standard\b|report\w+\s*=)"
+    r"|pyre-(?:ignore|fixme|strict|unsafe)\b|nosec\b)", re.I)
 
 
 def pragmas_shown(notebook: dict) -> list[str]:
-    """The lines of code cells a reader can see (unfolded ``hide-input`` cells included) that
-    carry a linter pragma (``PRAGMA``), one problem each."""
-    problems = []
-    for cell in notebook["cells"]:
-        tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell["cell_type"] != "code" or tags & SOURCE_REMOVED:
-            continue
-        problems += [f"machinery shown: a linter pragma in code readers see: {line.strip()!r}"
-                     for line in "".join(cell["source"]).splitlines() if PRAGMA.search(line)]
-    return problems
+    """The lines of code cells a reader can see (:func:`source_seen`: unfolded ``hide-input``
+    cells included) that carry a linter pragma (``PRAGMA``), one problem each."""
+    return [f"machinery shown: a linter pragma in code readers see: {line.strip()!r}"
+            for cell in notebook["cells"] if source_seen(cell)
+            for line in "".join(cell["source"]).splitlines() if PRAGMA.search(line)]
 
 
 _SECTION_REFERENCE = re.compile(
@@ -715,24 +743,36 @@ _PRINTED_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?", re.I)
 PRINTED_ROUNDING = 6e-3
 
 
-def _glued_values(notebook: dict) -> dict[str, object]:
-    """The values an executed page glued, by key (their repr, read back)."""
-    values = {}
+def glue_records(notebook: dict) -> dict[str, tuple[object, str]]:
+    """The values an executed page glued, by key, each as (value, text): the one reader of the
+    glue records (``GLUE_PREFIX``) every rule uses. Glued Markdown (quoted with ``{glue:md}``)
+    is its Markdown both times; any other value is its repr read back (``None`` when it cannot
+    be: an object's repr), and its text is what ``{glue:text}`` shows: a string without its
+    quotes, anything else its repr (``None``, ``nan``)."""
+    records = {}
     for cell in notebook["cells"]:
         for output in cell.get("outputs", []):
             name = output.get("metadata", {}).get("scrapbook", {}).get("name")
             data = output.get("data", {})
-            markdown = data.get("application/papermill.record/text/markdown")
-            if name and markdown is not None:  # glued Markdown (quoted with {glue:md})
-                values[name] = "".join(markdown)
+            markdown, plain = (data.get(GLUE_PREFIX + "text/markdown"),
+                               data.get(GLUE_PREFIX + "text/plain"))
+            if not name or (markdown is None and plain is None):
                 continue
-            text = data.get("application/papermill.record/text/plain")
-            if name and text is not None:
-                try:
-                    values[name] = ast.literal_eval("".join(text))
-                except (ValueError, SyntaxError):
-                    values[name] = None
-    return values
+            if markdown is not None:
+                records[name] = ("".join(markdown),) * 2
+                continue
+            raw = "".join(plain)
+            try:
+                value = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                value = None
+            records[name] = (value, value if isinstance(value, str) else raw)
+    return records
+
+
+def _glued_values(notebook: dict) -> dict[str, object]:
+    """The values an executed page glued, by key (:func:`glue_records`)."""
+    return {key: value for key, (value, _) in glue_records(notebook).items()}
 
 
 def _printed(notebook: dict) -> str:
@@ -873,50 +913,49 @@ def unrecorded_glue(notebook: dict) -> list[str]:
 #: Nouns a page counts: after "1" they take the singular ("1 runs" is a template's plural).
 _COUNTED = (r"(?:runs|seeds|updates|windows|epochs|steps|times|samples|batches|micro-batches"
             r"|controls|rates|points|bars|cases|replicas|devices|images|rows|tokens|repeats"
-            r"|rounds|sizes|layers|weights|digits|pages)")
+            r"|rounds|sizes|layers|weights|digits|pages|seconds|minutes|hours|parameters"
+            r"|labels|classes|sequences|examples|iterations|checkpoints|columns)")
+#: Words before "on 0" / "in 0" that make the 0 a count ("lower on 0", "tied in 0"); "centred
+#: on 0" and "set to 0" are a value.
+_COUNTING = (r"(?:higher|lower|better|worse|faster|slower|larger|smaller|tied|ties|won|wins"
+             r"|lost|loses|diverged|failed|passed|ahead|behind|exact|equal|above|below)")
+#: Position nouns: "epoch 5 of 5" is the last epoch, not a template's "3 of 3".
+_POSITIONS = ("epoch", "update", "step", "window", "batch", "page", "part", "round", "seed",
+              "run", "chapter", "row", "column", "figure", "exercise", "cell")
 #: What glued text shows when a template was filled with a degenerate value, or not at all:
 #: regular expression (case-sensitive: "NaN" and "None of" are words) -> why. Matched on the
-#: page's sentences with the glued values in place, and reported only where the match touches
-#: a glued value (a written sentence is the author's own).
+#: page's sentences with the glued values in place, math (``$...$``) blanked out (a LaTeX
+#: brace is no format field), and reported only where the match touches a glued value (a
+#: written sentence is the author's own). A pattern with the groups ``lo`` and ``hi`` is a
+#: range, reported only when the two are the same number ("0.10 to 0.1").
 TEMPLATE_ARTEFACTS: dict[str, str] = {
     r"\{(?![a-z][\w:-]*\}`)|(?<![a-z])\}(?!`)":  # a MyST role in glued Markdown is no field
         "a brace: a format field left unfilled",
-    r"\bNone\b(?! of\b)": "Python's None where a value or a word belongs",
+    # Python's None: alone, or before a word that is no verb ("None diverged" is English)
+    r"\bNone\b(?! (?!and\b|or\b)[a-z]{2,})": "Python's None where a value or a word belongs",
     r"(?<![\w.])-?(?:nan|inf)(?!\w|\.\d)": "a float that is no number (nan, inf)",
     r"(?<![\w.,+-])0(?:\.0+)? times\b": "'0 times': say what it means (never, none, equal)",
-    r"\b(?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)|(?<![\w.,+-])0 of \d":
-        "a count of zero ('lower on 0', '0 of 3 seeds'): say 'none' or leave the clause out",
-    r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seeds')",
+    r"\b" + _COUNTING + r" (?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)"
+    r"|(?<![\w.,+-])0 of \d|(?<![\w.,+-])0 " + _COUNTED + r"\b":
+        "a count of zero ('lower on 0', '0 of 3 seeds', 'on 0 seeds'): say 'none' or leave "
+        "the clause out",
+    r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seconds')",
     r"\ball [012](?!\w|[.,]\d)": "'all 2' is 'both' ('all 1', 'all 0' are no 'all')",
-    r"(?<![\w.,+-])(\d+) of \1(?!\w|[.,]\d)": "'3 of 3': say 'all 3' or 'every'",
+    "".join(f"(?<!{noun} )" for noun in _POSITIONS)
+    + r"(?<![\w.,+-])(\d+) of \1(?!\w|[.,]\d)": "'3 of 3': say 'all 3' or 'every'",
     r"\b(?:up to|through|until|over the first|for the first|in the first) "
     r"(?:update|window|epoch|step|seed|batch)(?:es|s)? 1(?!\w|[.,]\d)":
         "a range that ends at 1 ('up to update 1'): say what happened at 1",
-    r"(?<![\w.+-])([-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?) to \1(?!\w|[.,]\d)":
+    r"(?<![\w.+-])(?P<lo>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?) to "
+    r"(?P<hi>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?)(?!\w|[.,]\d)":
         "a range from a value to itself",
 }
 _GLUE_ANY_ROLE = re.compile(r"\{glue:(?:text|md)\}`(\w+)(?::([^`]*))?`")
 
 
 def glued_texts(notebook: dict) -> dict[str, str]:
-    """The text each glued value shows where the prose quotes it: glued Markdown as written,
-    a glued string without its quotes, any other value as its repr (``None``, ``nan``)."""
-    texts = {}
-    for cell in notebook["cells"]:
-        for output in cell.get("outputs", []):
-            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
-            data = output.get("data", {})
-            markdown, plain = (data.get(GLUE_PREFIX + "text/markdown"),
-                               data.get(GLUE_PREFIX + "text/plain"))
-            if not name or (markdown is None and plain is None):
-                continue
-            raw = "".join(markdown if markdown is not None else plain)
-            try:
-                value = raw if markdown is not None else ast.literal_eval(raw)
-            except (ValueError, SyntaxError):
-                value = raw
-            texts[name] = value if isinstance(value, str) else raw
-    return texts
+    """The text each glued value shows where the prose quotes it (:func:`glue_records`)."""
+    return {key: text for key, (_, text) in glue_records(notebook).items()}
 
 
 def _filled(written: str, texts: dict[str, str], values: dict) -> tuple[str, list]:
@@ -940,11 +979,21 @@ def _filled(written: str, texts: dict[str, str], values: dict) -> tuple[str, lis
     return "".join(filled), spans
 
 
+def _same_number(lo: str, hi: str) -> bool:
+    """Whether two written numbers ("0.10", "+0.1", "1,000") are the same value."""
+    try:
+        return float(lo.replace(",", "")) == float(hi.replace(",", ""))
+    except ValueError:
+        return lo == hi
+
+
 def template_artefacts(notebook: dict) -> list[str]:
     """Glued text the prose quotes that reads as an unfilled or degenerate template
     (``TEMPLATE_ARTEFACTS``; an empty glued string too), one problem each with the sentence
     as readers see it."""
-    texts, values = glued_texts(notebook), _glued_values(notebook)
+    records = glue_records(notebook)
+    texts = {key: text for key, (_, text) in records.items()}
+    values = {key: value for key, (value, _) in records.items()}
     problems = []
     for cell in notebook["cells"]:
         if cell["cell_type"] != "markdown":
@@ -953,12 +1002,16 @@ def template_artefacts(notebook: dict) -> list[str]:
             filled, spans = _filled(written, texts, values)
             problems += [f"glued text {key!r} is empty: {written}" for _, _, key in spans
                          if key in texts and not texts[key].strip()]
+            blanked = re.sub(r"\$[^$]*\$", lambda m: " " * len(m.group(0)), filled)
             for pattern, why in TEMPLATE_ARTEFACTS.items():
-                for match in re.finditer(pattern, filled):
+                for match in re.finditer(pattern, blanked):
+                    groups = match.groupdict()
+                    if "lo" in groups and not _same_number(groups["lo"], groups["hi"]):
+                        continue
                     if any(start < match.end() and match.start() < end
                            or start == end == match.end() for start, end, _ in spans):
                         problems.append(f"template artefact in glued text ({why}): "
-                                        f"{match.group(0)!r} in: {filled}")
+                                        f"{filled[match.start():match.end()]!r} in: {filled}")
     return list(dict.fromkeys(problems))
 
 
@@ -1049,7 +1102,225 @@ def page_problems(stem: str, notebook: dict) -> list[str]:
         from_files = [] if from_files else [
             "FILE_GLUE_PENDING lists the page, but it glues nothing from a file any more"]
     return (machinery_shown(notebook) + pragmas_shown(notebook) + missing_sections(notebook)
-            + from_files + notebook_assert_words(notebook))
+            + from_files + notebook_assert_words(notebook) + reader_finds(stem, notebook))
+
+
+# ---------------------------------------------------------------------------- reader finds
+#: What a code constant's name looks like: ALL_CAPS, two characters or more, two letters or
+#: more (``EPOCHS``, ``LEARNING_RATE``, ``WARMUP_RUN``; not ``K`` or ``B``, the book's math).
+_CONSTANT = re.compile(r"[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*")
+#: A code span that sets a constant (```MAX_MICRO_BATCH = 16```): an exercise telling the
+#: reader which line to edit and to what value, so both the name and the value are there.
+_SETTING_SPAN = re.compile(r"`\s*[A-Z][A-Z0-9_]*\s*=\s*[^`=]+`")
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _library_exports() -> set[str]:
+    """``accumcore.__all__``, read from the package's ``__init__.py`` without importing it
+    (TensorFlow is not needed to check prose): API a reader uses may be named."""
+    try:
+        tree = ast.parse((_ROOT / "accumcore" / "__init__.py").read_text(encoding="utf-8"))
+    except OSError:
+        return set()
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                 for t in node.targets)):
+            try:
+                return set(ast.literal_eval(node.value))
+            except ValueError:
+                return set()
+    return set()
+
+
+def page_constants(notebook: dict) -> set[str]:
+    """The ALL_CAPS names (``_CONSTANT``) the page's code cells assign (any cell, removed ones
+    too: the name is the page's own either way), without the library's exports."""
+    names = {node.id for tree in _trees(notebook) for node in ast.walk(tree)
+             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)
+             and _CONSTANT.fullmatch(node.id) and len(re.findall("[A-Z]", node.id)) >= 2}
+    return names - _library_exports()
+
+
+def constant_names_in_prose(notebook: dict) -> list[str]:
+    """A code constant's name in the prose (reader find: "for `EPOCHS` epochs", "a fresh
+    `SGD(LEARNING_RATE)`", "`WARMUP_RUN`"): an ALL_CAPS name the page's code assigns
+    (:func:`page_constants`), in a Markdown cell's text or code spans, one problem per name
+    and sentence. Readers get words and the value, not the variable. Not read: fenced code
+    blocks (a listing is code), math, roles, link targets, and a code span that sets the
+    constant (``_SETTING_SPAN``: ```MAX_MICRO_BATCH = 16``` in an exercise says which line to
+    edit, value included). Environment variables (``ACCUMCORE_QUICK``) are strings in the
+    code, not assigned names, so the QUICK switch's cells are not the prose's business; names
+    the library exports (``accumcore.__all__``) are API a reader uses, and Keras's or
+    TensorFlow's constants are not assigned by a page, so neither is reported."""
+    names = page_constants(notebook)
+    if not names:
+        return []
+    pattern = re.compile(r"(?<![\w.])(" + "|".join(sorted(names, key=len, reverse=True))
+                         + r")(?!\w)")
+    strip = [pattern_ for pattern_ in _STRIP if "`[^`]*`" != pattern_.pattern]
+    problems = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "markdown":
+            continue
+        for written, _ in sentences("".join(cell["source"])):
+            text = _SETTING_SPAN.sub(" ", written)
+            for strip_ in strip:
+                text = strip_.sub(" ", text)
+            for name in dict.fromkeys(pattern.findall(text)):
+                problems.append(f"a code constant's name in the prose: {name!r} (say what it "
+                                f"is, in words, with its value): {written}")
+    return problems
+
+
+#: Drawing calls (matplotlib's ``Axes`` methods) whose element a caption or alt text may name.
+DRAW_CALLS = {"axhline", "axvline", "axhspan", "axvspan", "hlines", "vlines", "plot",
+              "semilogy", "semilogx", "loglog", "scatter", "fill_between", "bar", "barh",
+              "errorbar", "step", "text", "annotate"}
+#: Lines and spans, whose position argument names what they mark (``ax.axhline(floor)``).
+_MARKS = {"axhline", "axvline", "axhspan", "axvspan", "hlines", "vlines"}
+#: Words that make a caption's clause conditional ("a dotted line at the floor, if a gap is 0").
+_CONDITIONAL = re.compile(r"\b(?:if|when|whenever|unless|only where)\b", re.I)
+
+
+def _figure_texts(cell: dict) -> list[str]:
+    """A code cell's figure alt text and caption (myst-nb's ``mystnb`` metadata)."""
+    meta = cell.get("metadata", {}).get("mystnb", {})
+    return [text for text in (meta.get("image", {}).get("alt"),
+                              meta.get("figure", {}).get("caption")) if isinstance(text, str)]
+
+
+def _element_names(call: ast.Call) -> set[str]:
+    """What a drawing call's element is called: the first word (three letters or more) of its
+    ``label=``'s written text, and for a line or span, the name of the variable it marks."""
+    names = set()
+    for keyword in call.keywords:
+        if keyword.arg != "label":
+            continue
+        value = keyword.value
+        parts = value.values if isinstance(value, ast.JoinedStr) else [value]
+        text = "".join(part.value for part in parts
+                       if isinstance(part, ast.Constant) and isinstance(part.value, str))
+        names.update(re.findall(r"[A-Za-z]{3,}", text)[:1])
+    if _called_name(call) in _MARKS:
+        names.update(arg.id.replace("_", " ") for arg in call.args[:1]
+                     if isinstance(arg, ast.Name) and len(arg.id) >= 3)
+    return {name.lower() for name in names}
+
+
+def conditional_figure_elements(notebook: dict) -> list[str]:
+    """A figure's alt text or caption naming an element its code draws only under an ``if``
+    (reader find: chapter 4's alt text promised "a dotted line at the floor", drawn by
+    ``ax.axhline(floor, ..., label="floor ...")`` under ``if zeros:``; a run without exact
+    zeros shows no such line). The heuristic, narrow on purpose: in a cell with alt text or a
+    caption, a drawing call (``DRAW_CALLS``) in the body or ``else`` of an ``if`` statement is
+    named by its label's first word and, for a line or span, by its position variable
+    (:func:`_element_names`); the caption names it if it holds that word, whole, singular or
+    plural, in a clause with no conditional word (``_CONDITIONAL``: "if", "when", "unless",
+    ...). Not seen: conditional expressions (``label=... if x else None``), elements drawn by a
+    helper function that decides for itself, loops over a possibly empty list."""
+    problems = []
+    for cell in notebook["cells"]:
+        texts = _figure_texts(cell) if cell["cell_type"] == "code" else []
+        if not texts:
+            continue
+        try:
+            tree = ast.parse("".join(cell["source"]))
+        except SyntaxError:
+            continue
+        names = set()
+        for branch in (n for n in ast.walk(tree) if isinstance(n, ast.If)):
+            for statement in branch.body + branch.orelse:
+                names.update(name for call in ast.walk(statement)
+                             if isinstance(call, ast.Call) and _called_name(call) in DRAW_CALLS
+                             for name in _element_names(call))
+        for text in texts:
+            for clause in re.split(r"[.;:]\s", text):
+                if _CONDITIONAL.search(clause):
+                    continue
+                for name in sorted(names):
+                    if re.search(r"\b" + re.escape(name) + r"s?\b", clause, re.I):
+                        problems.append(f"a figure's text names {name!r}, which its code draws "
+                                        f"only under an 'if' (say when it is drawn, or draw it "
+                                        f"always): {text}")
+    return list(dict.fromkeys(problems))
+
+
+#: A vague magnitude: "orders of magnitude", "a hundredfold or more", "ten times or more",
+#: "a factor of ten or more". Said with no number beside it, the reader cannot tell 10 from
+#: 10,000; the page can print the factor.
+VAGUE_MAGNITUDE = re.compile(
+    r"\borders? of magnitude\b|\b(?:an? )?(?:\w+fold|times|hundreds?|thousands?|millions?"
+    r"|factor of \w+)\s+or\s+(?:more|over|above|greater|larger)\b", re.I)
+
+
+def vague_magnitudes(notebook: dict) -> list[str]:
+    """A vague magnitude (``VAGUE_MAGNITUDE``) in a sentence with no number in it, as readers
+    see it: written or glued into the prose (the glued values in place), or in a figure's alt
+    text or caption, one problem each. A number is a digit anywhere in the sentence (code spans
+    and math included); on the sources a quoted glue whose value is not recorded may hold one,
+    so it counts as a number there (the executed page, with its values, decides)."""
+    records = glue_records(notebook)
+    texts = {key: text for key, (_, text) in records.items()}
+    values = {key: value for key, (value, _) in records.items()}
+    found = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "markdown":
+            for written, _ in sentences("".join(cell["source"])):
+                unknown = any(m.group(1) not in texts for m in _GLUE_ANY_ROLE.finditer(written))
+                filled, _ = _filled(written, texts, values)
+                filled = re.sub(r"\{[a-z]+\}`([^`]*)`", r"\1", filled)  # other roles' text
+                found.append((filled, unknown))
+        elif cell["cell_type"] == "code":
+            found += [(sentence, False) for text in _figure_texts(cell)
+                      for sentence in re.split(r"(?<=[.!?])\s+", text)]
+    return list(dict.fromkeys(
+        f"a vague magnitude with no number in its sentence ({match.group(0)!r}: say the factor "
+        f"the page prints): {sentence}"
+        for sentence, unknown in found if not unknown and not re.search(r"\d", sentence)
+        for match in VAGUE_MAGNITUDE.finditer(sentence)))
+
+
+#: page (notebook stem) -> {a fragment of a problem of :func:`reader_finds`: why it is not
+#: reported yet}: pages being rewritten for the reader finds. A listed fragment that matches no
+#: problem of its page is stale (:func:`stale_reader_finds_pending`): the tests on the sources
+#: fail on it, so that it is removed, but an executed page does not (a page rewritten on
+#: another branch is not held up by this list).
+_NAMED = "being rewritten: the constant said in words, with its value"
+READER_FINDS_PENDING: dict[str, dict[str, str]] = {
+    "02_tf_function": {"'EPOCHS' (say": _NAMED},
+    "04_mnist_experiments": {
+        "'SEED' (say": _NAMED, "'LEARNING_RATE' (say": _NAMED, "'EVAL_EVERY' (say": _NAMED,
+        "names 'floor'": "being rewritten: the alt text says when the floor line is drawn"},
+    "05_lr_sweeps": {"'WARMUP_RUN' (say": _NAMED, "'MAX_MICRO_BATCH' (say": _NAMED,
+                     "'EPOCHS' (say": _NAMED},
+    "06_pitfalls": {"'EXACT' (say": _NAMED},
+    "appendix_a_roundoff": {"'orders of magnitude'": "being rewritten: the caption says the "
+                                                     "factor the page prints"},
+    "guide_resume": {"'SEED' (say": _NAMED, "'MICRO_BATCH' (say": _NAMED,
+                     "'EPOCHS' (say": _NAMED},
+}
+
+
+def _reader_find_problems(notebook: dict) -> list[str]:
+    return (constant_names_in_prose(notebook) + conditional_figure_elements(notebook)
+            + vague_magnitudes(notebook))
+
+
+def reader_finds(stem: str, notebook: dict) -> list[str]:
+    """The eighth rule's problems of one page (sources or executed): code constants' names in
+    the prose, figure texts naming conditionally drawn elements, vague magnitudes with no
+    number; less those ``READER_FINDS_PENDING`` lists for the page."""
+    pending = READER_FINDS_PENDING.get(stem, {})
+    return [problem for problem in _reader_find_problems(notebook)
+            if not any(fragment in problem for fragment in pending)]
+
+
+def stale_reader_finds_pending(stem: str, notebook: dict) -> list[str]:
+    """The ``READER_FINDS_PENDING`` entries of a page that match none of its problems."""
+    problems = _reader_find_problems(notebook)
+    return [f"READER_FINDS_PENDING entry matches no problem of the page: {fragment!r}"
+            for fragment in READER_FINDS_PENDING.get(stem, {})
+            if not any(fragment in problem for problem in problems)]
 
 
 # ---------------------------------------------------------------------------- assert words
@@ -1253,7 +1524,8 @@ def main(argv: list[str]) -> int:
     print(f"check_prose_numbers: {len(notebooks)} pages, {len(failures)} unshown numbers, "
           f"{len(compared)} uncomputed comparisons, known contradictions, machinery, missing "
           "sections, values glued from files, glued numbers not printed, glued template "
-          "artefacts or unexplained control spreads")
+          "artefacts, unexplained control spreads, constants named in the prose, conditional "
+          "figure elements or vague magnitudes")
     return 1 if failures or compared else 0
 
 

@@ -185,6 +185,32 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
     assert "of their median (max − min)" not in text
 
 
+def test_the_check_cost_sentence_joins_its_parts_and_ends_with_one_full_stop():
+    """The sentence's ending: each kind of steps_per_execution in its own part, the parts
+    joined by ". And ", one full stop at the end; no pair of columns, no sentence."""
+    def kinds(checked, unchecked):
+        return {"accumcore": {"paired": dict(zip(("median", "low", "high"), checked))},
+                "accumcore_unchecked": {"paired": dict(zip(("median", "low", "high"),
+                                                          unchecked))}}
+    record = {"by_spe": {"1": kinds((0.96, 0.92, 0.99), (0.95, 0.91, 0.98)),  # overlap
+                         "8": kinds((0.90, 0.89, 0.91), (0.97, 0.96, 0.98)),  # a cost
+                         "16": kinds((0.99, 0.98, 1.0), (0.93, 0.92, 0.94))}}  # opposite
+    sentence = report._check_cost_sentence(record)
+    assert sentence.startswith("Comparing the first two paired columns: at steps_per_execution"
+                               " 1: 0.960 [0.920, 0.990] with the check")
+    parts = sentence.split(". And ")
+    assert len(parts) == 3
+    assert parts[0].endswith("says nothing about it")
+    assert parts[1].startswith("at steps_per_execution 8: 0.900 [0.890, 0.910]")
+    assert parts[1].endswith("the difference is what the once-per-window check costs")
+    assert parts[2].startswith("at steps_per_execution 16: 0.990 [0.980, 1.000]")
+    assert parts[2].endswith("these runs show no cost of the check there.")
+    assert sentence.count("..") == 0 and sentence.endswith("there.")
+    only_one = {"by_spe": {"1": {"accumcore": record["by_spe"]["1"]["accumcore"]}}}
+    assert report._check_cost_sentence(only_one) == ""
+    assert report._check_cost_sentence({"by_spe": {}}) == ""
+
+
 def test_a_part_measured_in_another_run_is_dated_on_the_reader_page(tmp_path):
     out = _full_fake_run(tmp_path / "run")
     path = os.path.join(out, "results.json")

@@ -309,6 +309,10 @@ def test_no_page_of_the_book_shows_machinery_cites_a_missing_section_or_glues_a_
     assert not problems, "\n".join(problems)
     stems = {path.stem for path in notebooks}
     assert set(checker.ALLOWED_FILE_GLUE) | set(checker.FILE_GLUE_PENDING) <= stems
+    assert set(checker.READER_FINDS_PENDING) <= stems
+    stale = [problem for path in notebooks for problem in checker.stale_reader_finds_pending(
+        path.stem, json.loads(path.read_text(encoding="utf-8")))]
+    assert not stale, "\n".join(stale)
 
 
 # ---------------------------------------------------------------------------- issue 48's review
@@ -695,12 +699,33 @@ def test_a_linter_pragma_in_code_readers_see_is_machinery(tags, flagged):
     assert bool(checker.page_problems("09_x", page)) is flagged
 
 
+@pytest.mark.parametrize("tags, seen", [((), True), (("hide-input",), True),
+                                        (("remove-input",), False), (("remove-cell",), False)])
+def test_machinery_and_pragmas_share_one_rule_for_a_seen_source(tags, seen):
+    """A folded ``hide-input`` cell is seen by both rules (a reader unfolds it); a removed
+    source by neither."""
+    cell = {"cell_type": "code", "source": "", "metadata": {"tags": list(tags)}}
+    assert checker.source_seen(cell) is seen
+    machinery = _page("text", code="x = 1  # hidden cell", tags=tags)
+    pragma = _page("text", code="x = 1  # noqa: F841", tags=tags)
+    assert bool(checker.machinery_shown(machinery)) is seen
+    assert bool(checker.pragmas_shown(pragma)) is seen
+
+
 @pytest.mark.parametrize("line, flagged", [
     ("import os  # noqa", True), ("x = f()  # type: ignore[attr-defined]", True),
     ("if x:  # pragma: no cover", True), ("# fmt: off", True),
     ("y = g()  # pylint: disable=invalid-name", True),
     ("def controls_text(cs):", False), ("# the type: a float", False),
     ("x = 1  # fmt is the format", False), ("# no QA needed: it is exact", False),
+    ("# yapf: disable", True), ("x = f()  # pyre-ignore[16]", True), ("# pyre-fixme[6]", True),
+    ("x = f()  # pytype: disable=attribute-error", True), ("# ruff: noqa: F401", True),
+    ("import a  # isort: skip", True), ("# mypy: ignore-errors", True),
+    ("# mypy: disable-error-code=attr-defined", True), ("x.y  # pyright: ignore", True),
+    ("# flake8: noqa", True),
+    ("# ruff: the linter the project uses, run on the library", False),
+    ("# mypy: a type checker; it is not run here", False), ("# pyre: a checker", False),
+    ("# isort sorts the imports", False), ("# pylint: a linter", False),
 ])
 def test_each_kind_of_pragma_is_found_and_plain_comments_pass(line, flagged):
     assert bool(checker.pragmas_shown(_page("text", code=line))) is flagged, line
@@ -756,11 +781,36 @@ def test_a_template_artefact_is_reported_only_where_a_glued_value_is():
     "in 0.5 s, on 0.25 of the data", "10 times the control, 1 run, 11 runs, 1,000 runs",
     "all 20 seeds, all 3 of them", "up to update 12, through epoch 1.5", "from 1 to 10",
     "see {doc}`chapter 3 <03_model_fit>`", "NaN in one micro-batch, Inf in another",
-    "0.10 to 0.1", "on 1 of 3 seeds, 12 of 13",
+    "on 1 of 3 seeds, 12 of 13", "None diverged", "None of the runs, none diverged",
+    "centred on 0, spread 0.2", "the weights at epoch 5 of 5", "set to 0 in 0.5 s",
+    "1 second, 0.5 seconds, 10 seconds",
 ])
 def test_glued_text_that_only_resembles_a_template_passes(glued):
     page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
     assert checker.template_artefacts(page) == [], glued
+
+
+@pytest.mark.parametrize("glued, why", [
+    ("0.10 to 0.1", "a range from a value to itself"),  # float-equal, written differently
+    ("+0.2 to 0.20 points", "a range from a value to itself"),
+    ("higher on 0 seeds", "a count of zero"), ("0 runs diverged", "a count of zero"),
+    ("done in 1 seconds", "one with a plural noun"), ("lr None and b 16", "Python's None"),
+])
+def test_degenerate_templates_the_first_rules_missed_fail(glued, why):
+    """Template artefacts the first version of the rules let through: float-equal ranges
+    written differently, a zero count before its noun, "1 seconds", None before "and"."""
+    page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
+    problems = checker.template_artefacts(page)
+    assert any(why in problem for problem in problems), (glued, problems)
+
+
+def test_latex_braces_in_glued_markdown_are_no_format_field():
+    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
+                                "below $10^{-3}$, the $\\frac{1}{K}$ share")
+    assert checker.template_artefacts(page) == []
+    unfilled = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
+                                    "below {bound:.0e}, the $\\frac{1}{K}$ share")
+    assert len(checker.template_artefacts(unfilled)) == 1  # the field, once
 
 
 def test_main_reports_a_build_s_template_artefact(tmp_path, capsys):
@@ -823,3 +873,131 @@ def test_printed_sibling_controls_far_apart_need_a_glued_explanation(printed, ta
     explained = _glued_page("It ends as the controls do; {glue:text}`controls_note`.", printed,
                             {"controls_note": _JUMPED}, tags=tags)
     assert checker.unexplained_control_spread(explained) == []
+
+
+# ---------------------------------------------------------------------------- reader finds
+def _code_and_prose(code: str, markdown: str, tags: tuple = ()) -> dict:
+    return _page(markdown, code=code, tags=tags)
+
+
+@pytest.mark.parametrize("markdown, flagged", [
+    ("Each mode trains for `EPOCHS` epochs.", True),  # chapter 2
+    ("It compiles it with a fresh `SGD(LEARNING_RATE)`.", True),  # chapter 4
+    ("The warm-up lasts one epoch (`WARMUP_RUN`).", True),  # chapter 5
+    ("It trains for EPOCHS epochs.", True),  # not in backticks either
+    ("Each mode trains for {glue:text}`epochs` epochs.", False),
+    ("Each mode trains for 3 epochs, at a learning rate of 0.05.", False),
+    ("Rerun the sweep with `EPOCHS = 10`: the budget grows.", False),  # which line to edit
+    ("```python\nmodel.fit(x, y, epochs=EPOCHS)\n```\nIt trains.", False),  # a listing
+    ("The batch $B$ is $K$ micro-batches; MNIST has ten digits.", False),  # not assigned
+    ("Set `ACCUMCORE_QUICK=1` or flip QUICK_NOTE.", False),  # assigned nowhere on the page
+])
+def test_a_code_constant_s_name_in_the_prose_fails(markdown, flagged):
+    """Readers get words and a value, not the variable: an ALL_CAPS name the page's code
+    assigns, in the prose, in backticks or not."""
+    code = "EPOCHS = 3\nLEARNING_RATE = 0.05\nWARMUP_RUN = 1\nK, B = 4, 64\nprint(EPOCHS)"
+    problems = checker.constant_names_in_prose(_code_and_prose(code, markdown))
+    assert bool(problems) is flagged, problems
+    assert bool(checker.page_problems("09_x", _code_and_prose(code, markdown))) is flagged
+
+
+def test_the_quick_switch_and_library_exports_are_not_code_constants():
+    """The book's QUICK switch (a visible ``QUICK = False`` and the removed cell reading
+    ``ACCUMCORE_QUICK``) is code; prose naming it is reported like any constant, but the
+    switch's cells themselves are not prose. A name in ``accumcore.__all__`` is API."""
+    switch = {"cells": [
+        {"cell_type": "code", "source": "QUICK = False  # True: a faster, smaller run",
+         "metadata": {}, "outputs": []},
+        {"cell_type": "code", "source": 'import os\nQUICK = QUICK or os.environ.get('
+         '"ACCUMCORE_QUICK") == "1"', "metadata": {"tags": ["remove-cell"]}, "outputs": []},
+        {"cell_type": "markdown", "source": "The run takes a minute.", "metadata": {}}]}
+    assert checker.page_problems("09_x", switch) == []
+    exports = sorted(checker._library_exports())
+    assert "AccumModel" in exports
+    page = _code_and_prose("\n".join(f"{name} = 1" for name in exports if name.isupper())
+                           + "\nMY_RATE = 1", "It uses MY_RATE and every export.")
+    assert checker.page_constants(page) == {"MY_RATE"}
+
+
+_FLOOR_CELL = '''ax = plot(gaps)
+if zeros:  # the floor marks something only where a gap is drawn on it
+    ax.axhline(floor, color="grey", linestyle=":", label=f"floor {floor:g} nats")
+plt.show()'''
+
+
+@pytest.mark.parametrize("code, alt, flagged", [
+    (_FLOOR_CELL, "Line chart: each run's distance, with a dotted line at the floor.", True),
+    (_FLOOR_CELL, "Line chart: each run's distance; a dotted floor line if a gap is 0.", False),
+    (_FLOOR_CELL, "Line chart: each run's distance from the batch-64 curve.", False),
+    (_FLOOR_CELL.replace("if zeros:", "if True:").replace("    ax.axhline", "    pass\nax.axhline"),
+     "Line chart: each run's distance, with a dotted line at the floor.", False),
+    ("ax.plot(x, y, label='loss')\nif best:\n    ax.scatter(b, a, label='best rate')\n",
+     "Line chart: the loss, the best rates marked.", True),
+    ("ax.plot(x, y, label='loss')\nif best:\n    ax.scatter(b, a, label='best rate')\n",
+     "Line chart: the loss against the samples seen.", False),
+])
+def test_a_figure_text_naming_a_conditionally_drawn_element_fails(code, alt, flagged):
+    """Chapter 4's alt text promised "a dotted line at the floor", which its code draws only
+    under ``if zeros:``."""
+    page = {"cells": [{"cell_type": "code", "source": code, "outputs": [],
+                       "metadata": {"tags": ["hide-input"],
+                                    "mystnb": {"image": {"alt": alt}}}}]}
+    problems = checker.conditional_figure_elements(page)
+    assert bool(problems) is flagged, problems
+    caption = {"cells": [{**page["cells"][0], "metadata": {
+        "mystnb": {"figure": {"caption": alt}, "image": {"alt": "A chart."}}}}]}
+    assert bool(checker.conditional_figure_elements(caption)) is flagged
+
+
+@pytest.mark.parametrize("markdown, glued, flagged", [
+    ("The controls grew by orders of magnitude.", {}, True),
+    ("The controls grew by orders of magnitude (from 1e-07 to 3e-04).", {}, False),
+    ("The control diverged a hundredfold or more.", {}, True),
+    ("The control diverged ten times or more, to {glue:text}`ratio:.0f` times.",
+     {"ratio": 312.0}, False),
+    ("Per update, {glue:text}`controls_note`.",  # chapter 3's glued note
+     {"controls_note": "the reversed control diverged gradually, a hundredfold or more "
+                       "without a tenfold jump in any one update"}, True),
+    ("Per update, {glue:text}`controls_note`.",
+     {"controls_note": "the reversed control diverged gradually, 312 times over the run, "
+                       "without a tenfold jump in any one update"}, False),
+    ("Per update, {glue:text}`controls_note`.",  # a number in the same sentence
+     {"controls_note": "it grew a hundredfold or more (from 1.2e-07 to 4.0e-05)"}, False),
+    ("It is an order of magnitude slower.", {}, True),
+    ("It is ten times faster or more.", {}, False),  # 'or more' about no magnitude word
+])
+def test_a_vague_magnitude_with_no_number_in_its_sentence_fails(markdown, glued, flagged):
+    page = _glued_page(markdown, "x\n", glued)
+    problems = checker.vague_magnitudes(page)
+    assert bool(problems) is flagged, problems
+
+
+def test_a_vague_magnitude_in_a_caption_fails_and_an_unrecorded_glue_may_be_a_number():
+    """Appendix A's caption ("grow from round-off by orders of magnitude"); on the sources a
+    glue's value is unknown, so a sentence quoting one is left to the executed page."""
+    page = {"cells": [{"cell_type": "code", "source": "plot()", "outputs": [], "metadata": {
+        "mystnb": {"figure": {"caption": "Red: the controls grow by orders of magnitude."}}}}]}
+    assert checker.vague_magnitudes(page)
+    source = _page("It grew by orders of magnitude, {glue:text}`factor_words`.")
+    assert checker.vague_magnitudes(source) == []
+    executed = _glued_page("It grew by orders of magnitude, {glue:text}`factor_words`.", "x\n",
+                           {"factor_words": "more than the controls"})
+    assert checker.vague_magnitudes(executed)
+
+
+def test_a_vague_magnitude_on_a_markdown_page_fails():
+    assert checker.markdown_page_problems("The error grows by orders of magnitude.")
+    assert checker.markdown_page_problems("The error grows 300-fold (orders of magnitude).") \
+        == []
+
+
+def test_a_pending_reader_find_is_not_reported_until_it_is_gone(monkeypatch):
+    page = _code_and_prose("EPOCHS = 3", "It trains for `EPOCHS` epochs.")
+    monkeypatch.setitem(checker.READER_FINDS_PENDING, "09_x", {"'EPOCHS'": "being rewritten"})
+    assert checker.reader_finds("09_x", page) == []
+    assert checker.reader_finds("09_y", page)
+    rewritten = _code_and_prose("EPOCHS = 3", "It trains for 3 epochs.")
+    assert checker.reader_finds("09_x", rewritten) == []  # an executed page is not held up
+    assert checker.stale_reader_finds_pending("09_x", rewritten) == [
+        "READER_FINDS_PENDING entry matches no problem of the page: \"'EPOCHS'\""]
+    assert checker.stale_reader_finds_pending("09_x", page) == []
