@@ -1285,19 +1285,9 @@ def vague_magnitudes(notebook: dict) -> list[str]:
 #: problem of its page is stale (:func:`stale_reader_finds_pending`): the tests on the sources
 #: fail on it, so that it is removed, but an executed page does not (a page rewritten on
 #: another branch is not held up by this list).
-_NAMED = "being rewritten: the constant said in words, with its value"
 READER_FINDS_PENDING: dict[str, dict[str, str]] = {
-    "02_tf_function": {"'EPOCHS' (say": _NAMED},
-    "04_mnist_experiments": {
-        "'SEED' (say": _NAMED, "'LEARNING_RATE' (say": _NAMED, "'EVAL_EVERY' (say": _NAMED,
-        "names 'floor'": "being rewritten: the alt text says when the floor line is drawn"},
-    "05_lr_sweeps": {"'WARMUP_RUN' (say": _NAMED, "'MAX_MICRO_BATCH' (say": _NAMED,
-                     "'EPOCHS' (say": _NAMED},
-    "06_pitfalls": {"'EXACT' (say": _NAMED},
     "appendix_a_roundoff": {"'orders of magnitude'": "being rewritten: the caption says the "
                                                      "factor the page prints"},
-    "guide_resume": {"'SEED' (say": _NAMED, "'MICRO_BATCH' (say": _NAMED,
-                     "'EPOCHS' (say": _NAMED},
 }
 
 
