@@ -360,6 +360,14 @@ def test_roundoff_verdict_judges_against_the_smaller_control_when_one_diverged()
     # nonzero control stays the yardstick (as before)
     assert ex.roundoff_verdict(1e-3, [1e-3 / 2, 0.0]) == (
         f"2 times the larger reordering control: within {rule}")
+    # the same rule as a bool, for pages that compute with it
+    assert ex.controls_diverged([1.8e-2, 1e-6]) and ex.controls_diverged([1e-4, 1e-6])
+    assert not ex.controls_diverged([0.99e-4, 1e-6])
+    assert not ex.controls_diverged([1e-3, 0.0]) and not ex.controls_diverged([1e-3])
+    assert not ex.roundoff_within(1e-3, [1.8e-2, 1e-6])  # within by the larger alone
+    assert ex.roundoff_within(8.8e-7, [1.8e-2, 1e-6])
+    assert ex.roundoff_within(5e-5, [0.99e-4, 1e-6]) and not ex.roundoff_within(2e-3, [1e-4])
+    assert ex.roundoff_within(0.0, [0.0, 0.0]) and not ex.roundoff_within(1e-9, [0.0])
 
 
 def test_ratio_digits_prints_no_scientific_notation():

@@ -281,12 +281,37 @@ def times_words(ratio: float, whom: str) -> str:
     return f"{digits} times {whom}"
 
 
+def controls_diverged(controls: Sequence[float]) -> bool:
+    """Whether reordering controls (all nonzero, at least two) are ``ROUNDOFF_FACTOR ** 2``
+    (100) times apart or more: training amplified one reordering's round-off, so the largest
+    control is no yardstick for round-off. A control of 0 (bit for bit) diverged from nothing:
+    False."""
+    values = [float(c) for c in controls]
+    return (len(values) > 1 and min(values) > 0
+            and max(values) >= ROUNDOFF_FACTOR**2 * min(values))
+
+
+def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
+    """The book's round-off rule, as :func:`roundoff_verdict` words it: ``difference`` is at
+    most :data:`ROUNDOFF_FACTOR` times the largest control (:func:`roundoff_ratio`), and at
+    most that many times the smallest too when :func:`controls_diverged`.
+
+    Args:
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
+        controls: how far the reordering controls end from the same reference; at least one.
+    """
+    values = [float(c) for c in controls]
+    if roundoff_ratio(difference, values) > ROUNDOFF_FACTOR:
+        return False
+    return not controls_diverged(values) or float(difference) <= ROUNDOFF_FACTOR * min(values)
+
+
 def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
     """The book's round-off rule in words: ``difference`` against the reordering controls.
 
-    Within the rule means at most :data:`ROUNDOFF_FACTOR` times the largest control
-    (:func:`roundoff_ratio`). When the controls (all nonzero) are at least
-    ``ROUNDOFF_FACTOR ** 2`` times apart, one of them diverged: training amplified that
+    Within the rule (:func:`roundoff_within`) means at most :data:`ROUNDOFF_FACTOR` times the
+    largest control (:func:`roundoff_ratio`). When the controls (all nonzero) are at least
+    ``ROUNDOFF_FACTOR ** 2`` times apart (:func:`controls_diverged`), training amplified one
     reordering's round-off, so the largest is no yardstick for round-off, and within the rule
     also needs at most ``ROUNDOFF_FACTOR`` times the smallest.
 
@@ -322,9 +347,9 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         return ("equal to its reference bit for bit, closer than the reordering controls: "
                 f"within {rule}")
     largest, smallest = max(values), min(values)
-    apart = smallest > 0 and largest >= ROUNDOFF_FACTOR**2 * smallest  # one control diverged
+    apart = controls_diverged(values)
     to_smallest = float(difference) / smallest if smallest > 0 else math.inf
-    within = ratio <= ROUNDOFF_FACTOR and (not apart or to_smallest <= ROUNDOFF_FACTOR)
+    within = roundoff_within(difference, values)
     verdict = f"within {rule}" if within else f"more than {rule} allows"
     if math.isinf(ratio):
         verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
