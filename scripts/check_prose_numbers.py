@@ -1286,8 +1286,6 @@ def vague_magnitudes(notebook: dict) -> list[str]:
 #: fail on it, so that it is removed, but an executed page does not (a page rewritten on
 #: another branch is not held up by this list).
 READER_FINDS_PENDING: dict[str, dict[str, str]] = {
-    "appendix_a_roundoff": {"'orders of magnitude'": "being rewritten: the caption says the "
-                                                     "factor the page prints"},
 }
 
 

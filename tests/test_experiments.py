@@ -296,12 +296,13 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     # one control far above the other (training amplified one reordering): the smaller one
     # says how the run compares with round-off that stayed small
     assert ex.roundoff_verdict(5.3e-7, [1.6e-2, 7.1e-7]) == (
-        f"below the larger reordering control (0.75 times the smaller): within {rule}")
+        "the reordering controls are 22,535 times apart (one diverged), so judged against the "
+        f"smaller: 0.75 times it: within {rule}")
     assert ex.roundoff_verdict(4.0e-7, [4.6e-7, 4.0e-7]) == (  # never "(1 times the smaller)"
         "below the larger reordering control (equal to the smaller to two significant digits): "
         f"within {rule}")
-    assert ex.roundoff_verdict(2e-6, [1.6e-2, 1e-6]).startswith(
-        "below the larger reordering control (2 times the smaller): within")
+    assert ex.roundoff_verdict(2e-6, [1.6e-2, 1e-6]).endswith(
+        f"judged against the smaller: 2 times it: within {rule}")
     assert ex.roundoff_verdict(1e-5, [2e-4]).startswith("0.05 times the reordering control")
     at_rule = ex.roundoff_verdict(ex.ROUNDOFF_FACTOR * 1e-4, [1e-4])
     assert at_rule.endswith(f"within {rule}")
@@ -312,10 +313,12 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     assert ex.roundoff_verdict(2.5e-1, [1e-6]).startswith("250,000 times the reordering")
     assert "unused" not in ex.roundoff_verdict(1e-4, [2e-4], beyond="unused")
     # the smaller control is worded by the same rule as the larger: whole numbers from 100
-    assert ex.roundoff_verdict(1.5e-4, [1e-3, 1e-6]) == (
-        f"below the larger reordering control (150 times the smaller): within {rule}")
+    assert ex.roundoff_verdict(1.5e-4, [1e-3, 1e-5]) == (
+        "the reordering controls are 100 times apart (one diverged), so judged against the "
+        f"smaller: 15 times it: more than {rule} allows")
     assert ex.roundoff_verdict(1.2e-1, [1e3, 1e-6]).startswith(
-        "below the larger reordering control (120,000 times the smaller)")
+        "the reordering controls are 1,000,000,000 times apart (one diverged), so judged "
+        "against the smaller: 120,000 times it: more than")
     assert ex.roundoff_verdict(1e-9, [1e-3]).startswith(
         "less than 0.0001 times the reordering control: within")  # never "1e-06 times"
     assert ex.roundoff_verdict(0.0, [1e-6, 2e-6]) == (
@@ -328,6 +331,43 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
         f"{rule} allows")
     with pytest.raises(ValueError, match="controls"):
         ex.roundoff_verdict(1e-3, [])
+
+
+def test_roundoff_verdict_judges_against_the_smaller_control_when_one_diverged():
+    rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
+    # round 12: the weighted run's reversed control diverged to 1.8e-02, the other stayed near
+    # 1e-6; 1e-3 is 0.056 times the larger but 1,000 times the round-off that stayed small
+    diverged = ex.roundoff_verdict(1e-3, [1.8e-2, 1e-6], beyond="not round-off")
+    assert diverged == (
+        "the reordering controls are 18,000 times apart (one diverged), so judged against the "
+        f"smaller: 1,000 times it: more than {rule} allows; not round-off")
+    assert ex.roundoff_verdict(8.8e-7, [1.8e-2, 1e-6]) == (
+        "the reordering controls are 18,000 times apart (one diverged), so judged against the "
+        f"smaller: 0.88 times it: within {rule}")
+    # at the factor squared the controls count as apart; just below it the larger is the rule
+    assert "apart" in ex.roundoff_verdict(5e-5, [1e-4, 1e-6])
+    assert ex.roundoff_verdict(5e-5, [1e-4, 1e-6]).endswith(f"more than {rule} allows")
+    assert ex.roundoff_verdict(5e-5, [0.99e-4, 1e-6]) == (
+        f"below the larger reordering control (50 times the smaller): within {rule}")
+    # more than two controls: the smallest, and "some" may have diverged
+    assert ex.roundoff_verdict(3e-6, [2e-2, 1e-2, 1e-6]) == (
+        "the reordering controls are 20,000 times apart (some diverged), so judged against the "
+        f"smallest: 3 times it: within {rule}")
+    # the rule at 10 times the smaller is within, just beyond it is not
+    assert ex.roundoff_verdict(10.0, [1e4, 1.0]).endswith(f"10 times it: within {rule}")
+    assert ex.roundoff_verdict(12.0, [1e4, 1.0]).endswith(f"12 times it: more than {rule} allows")
+    # a control of 0 reproduced the reference bit for bit: it diverged from nothing, so the
+    # nonzero control stays the yardstick (as before)
+    assert ex.roundoff_verdict(1e-3, [1e-3 / 2, 0.0]) == (
+        f"2 times the larger reordering control: within {rule}")
+    # the same rule as a bool, for pages that compute with it
+    assert ex.controls_diverged([1.8e-2, 1e-6]) and ex.controls_diverged([1e-4, 1e-6])
+    assert not ex.controls_diverged([0.99e-4, 1e-6])
+    assert not ex.controls_diverged([1e-3, 0.0]) and not ex.controls_diverged([1e-3])
+    assert not ex.roundoff_within(1e-3, [1.8e-2, 1e-6])  # within by the larger alone
+    assert ex.roundoff_within(8.8e-7, [1.8e-2, 1e-6])
+    assert ex.roundoff_within(5e-5, [0.99e-4, 1e-6]) and not ex.roundoff_within(2e-3, [1e-4])
+    assert ex.roundoff_within(0.0, [0.0, 0.0]) and not ex.roundoff_within(1e-9, [0.0])
 
 
 def test_ratio_digits_prints_no_scientific_notation():

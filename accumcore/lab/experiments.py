@@ -222,10 +222,12 @@ REORDERINGS = ("reversed", "shuffled")
 
 #: A difference between two runs that compute the same updates counts as float round-off
 #: (the book's round-off rule) when it is at most this many times the largest reordering
-#: control. Why a factor and not "no larger than the controls": two or three controls sample
-#: the spread of round-off thinly, and training amplifies it from update to update, so one
-#: more exact run can land a few times beyond them; a wrong accumulation rule is off by far
-#: more (1e-1 of the update and above from the first window).
+#: control, and this many times the smallest when the controls are this factor squared apart
+#: (one diverged; see :func:`roundoff_verdict`). Why a factor and not "no larger than the
+#: controls": two or three controls sample the spread of round-off thinly, and training
+#: amplifies it from update to update, so one more exact run can land a few times beyond
+#: them; a wrong accumulation rule is off by far more (1e-1 of the update and above from the
+#: first window).
 ROUNDOFF_FACTOR = 10
 
 
@@ -237,8 +239,10 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
         controls: how far the reordering controls end from the same reference; at least one.
 
     Returns:
-        ``difference / max(controls)``; round-off by the book's rule if at most
-        :data:`ROUNDOFF_FACTOR`. If every control is 0: 0 for a zero difference, else inf.
+        ``difference / max(controls)``; round-off by the book's rule needs at most
+        :data:`ROUNDOFF_FACTOR` (and, when one control diverged, at most that many times the
+        smallest control too: :func:`roundoff_verdict`). If every control is 0: 0 for a zero
+        difference, else inf.
     """
     values = [float(c) for c in controls]
     if not values:
@@ -277,8 +281,39 @@ def times_words(ratio: float, whom: str) -> str:
     return f"{digits} times {whom}"
 
 
+def controls_diverged(controls: Sequence[float]) -> bool:
+    """Whether reordering controls (all nonzero, at least two) are ``ROUNDOFF_FACTOR ** 2``
+    (100) times apart or more: training amplified one reordering's round-off, so the largest
+    control is no yardstick for round-off. A control of 0 (bit for bit) diverged from nothing:
+    False."""
+    values = [float(c) for c in controls]
+    return (len(values) > 1 and min(values) > 0
+            and max(values) >= ROUNDOFF_FACTOR**2 * min(values))
+
+
+def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
+    """The book's round-off rule, as :func:`roundoff_verdict` words it: ``difference`` is at
+    most :data:`ROUNDOFF_FACTOR` times the largest control (:func:`roundoff_ratio`), and at
+    most that many times the smallest too when :func:`controls_diverged`.
+
+    Args:
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
+        controls: how far the reordering controls end from the same reference; at least one.
+    """
+    values = [float(c) for c in controls]
+    if roundoff_ratio(difference, values) > ROUNDOFF_FACTOR:
+        return False
+    return not controls_diverged(values) or float(difference) <= ROUNDOFF_FACTOR * min(values)
+
+
 def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
     """The book's round-off rule in words: ``difference`` against the reordering controls.
+
+    Within the rule (:func:`roundoff_within`) means at most :data:`ROUNDOFF_FACTOR` times the
+    largest control (:func:`roundoff_ratio`). When the controls (all nonzero) are at least
+    ``ROUNDOFF_FACTOR ** 2`` times apart (:func:`controls_diverged`), training amplified one
+    reordering's round-off, so the largest is no yardstick for round-off, and within the rule
+    also needs at most ``ROUNDOFF_FACTOR`` times the smallest.
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
@@ -293,11 +328,15 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         reordering control (0.75 times the smaller)" under several controls (again "equal to
         the smaller to two significant digits" for 1); "the reordering
         control" for one control, "the larger" for two, "the largest" for more), or "...
-        more than the book's round-off rule (at most 10 times) allows" beyond
-        :data:`ROUNDOFF_FACTOR`. A difference of 0 beside nonzero controls: "equal to its
-        reference bit for bit, closer than ...". Controls all 0 (bit for bit): "equal to its
-        reference, as the reordering controls are: within ..." or "not equal to its
-        reference, though the reordering controls are: more than ...".
+        more than the book's round-off rule (at most 10 times) allows" beyond it. Controls
+        100 or more times apart: "the reordering controls are 4,000 times apart (one
+        diverged), so judged against the smaller: 0.88 times it: within ..." ("the smallest",
+        "some diverged" for more than two). A difference of 0 beside nonzero controls: "equal
+        to its reference bit for bit, closer than ...". Controls all 0 (bit for bit): "equal
+        to its reference, as the reordering controls are: within ..." or "not equal to its
+        reference, though the reordering controls are: more than ...". A control of 0 beside
+        nonzero ones reproduced its reference bit for bit and diverged from nothing: the
+        larger alone is the yardstick.
     """
     values = [float(c) for c in controls]
     ratio = roundoff_ratio(difference, values)
@@ -307,19 +346,27 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
     if difference == 0:
         return ("equal to its reference bit for bit, closer than the reordering controls: "
                 f"within {rule}")
-    within = ratio <= ROUNDOFF_FACTOR
+    largest, smallest = max(values), min(values)
+    apart = controls_diverged(values)
+    to_smallest = float(difference) / smallest if smallest > 0 else math.inf
+    within = roundoff_within(difference, values)
     verdict = f"within {rule}" if within else f"more than {rule} allows"
     if math.isinf(ratio):
         verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
+    elif apart:
+        least, diverged = (("the smaller", "one diverged") if len(values) == 2 else
+                           ("the smallest", "some diverged"))
+        verdict = (f"the reordering controls are {ratio_digits(largest / smallest)} times apart "
+                   f"({diverged}), so judged against {least}: "
+                   f"{times_words(to_smallest, 'it')}: {verdict}")
     else:
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
                  "the largest reordering control")
         against = times_words(ratio, which)
-        smallest = min(values)
         if ratio < 1 and len(values) > 1 and smallest > 0 and ratio_digits(ratio) != "1":
             least = "the smaller" if len(values) == 2 else "the smallest"
-            against = f"below {which} ({times_words(difference / smallest, least)})"
+            against = f"below {which} ({times_words(to_smallest, least)})"
         verdict = f"{against}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
