@@ -3,7 +3,7 @@
 ``load_mnist()`` tries ``keras.datasets.mnist.load_data()`` first (what Colab readers get:
 downloaded once, cached under ``~/.keras/datasets``). When that fails (no internet), it reads
 a local ``mnist.npz`` in Keras's own layout, from the ``path`` argument or the environment
-variable that ``MNIST_PATH_ENV`` names (see CONTRIBUTING.md). It never substitutes other data:
+variable ``ACCUMCORE_MNIST_PATH`` (the name is ``MNIST_PATH_ENV``). It never substitutes other data:
 if neither source works, it raises an error naming both. It prints which source it used
 (``verbose=False``: nothing).
 """
@@ -62,7 +62,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
-        path: a local ``mnist.npz`` (Keras's layout) for when the download fails.
+        path: a local ``mnist.npz`` (Keras's layout) for when the download fails (offline);
+            ``None``: the file the environment variable ``ACCUMCORE_MNIST_PATH`` names, if set.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 
