@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 
@@ -377,6 +378,87 @@ def test_ratio_digits_prints_no_scientific_notation():
     for bad in (-3.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="`ratio` must be a non-negative finite"):
             ex.times_words(bad, "the control")
-    with pytest.raises(ValueError, match="`ratio`"):
+    with pytest.raises(ValueError, match="`difference` must be a non-negative finite"):
         ex.roundoff_verdict(math.nan, [1e-6])
     assert not ex.roundoff_verdict(5e-324, [2.0]).startswith("equal")  # tiny is not zero
+
+
+ROUNDOFF_HELPERS = ("roundoff_ratio", "roundoff_within", "roundoff_verdict")
+
+
+@pytest.mark.parametrize("helper", ROUNDOFF_HELPERS)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -1e-6])
+def test_roundoff_helpers_refuse_a_difference_that_is_no_distance(helper, bad):
+    # roundoff_within(nan, ...) was True and a negative difference passed: no distance at all
+    with pytest.raises(ValueError, match="`difference` must be a non-negative finite"):
+        getattr(ex, helper)(bad, [1e-6, 2e-6])
+
+
+@pytest.mark.parametrize("helper", (*ROUNDOFF_HELPERS, "controls_diverged",
+                                    "roundoff_yardstick"))
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1e-6])
+def test_roundoff_helpers_refuse_a_control_that_is_no_distance(helper, bad):
+    # a NaN control passed roundoff_within (NaN compares False) and hid a divergence
+    args = ([1e-6, bad],) if helper in ("controls_diverged", "roundoff_yardstick") else (
+        1e-6, [1e-6, bad])
+    with pytest.raises(ValueError, match="`controls` must be non-negative finite"):
+        getattr(ex, helper)(*args)
+    with pytest.raises(ValueError, match="controls must hold at least one"):
+        getattr(ex, helper)(*(([],) if len(args) == 1 else (1e-6, [])))
+
+
+def test_a_zero_control_hides_no_divergence_of_the_others():
+    rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
+    # 1e-3 and 1e-6 are 1,000 times apart: one diverged, whatever the bit-for-bit control says
+    assert ex.controls_diverged([0.0, 1e-6, 1e-3])
+    assert not ex.controls_diverged([0.0, 1e-3]) and not ex.controls_diverged([0.0, 0.0])
+    assert not ex.controls_diverged([0.0, 1e-6, 0.99e-4])
+    assert ex.roundoff_yardstick([0.0, 1e-6, 1e-3]) == 1e-6
+    assert ex.roundoff_yardstick([0.0, 1e-3]) == 1e-3 and ex.roundoff_yardstick([0.0]) == 0.0
+    # 5e-4 is 0.5 times the larger control but 500 times the smaller nonzero one
+    assert not ex.roundoff_within(5e-4, [0.0, 1e-6, 1e-3])
+    assert ex.roundoff_within(5e-6, [0.0, 1e-6, 1e-3])
+    assert ex.roundoff_verdict(5e-4, [0.0, 1e-6, 1e-3], beyond="not round-off") == (
+        "the nonzero reordering controls are 1,000 times apart (one diverged), so judged "
+        f"against the smaller nonzero one: 500 times it: more than {rule} allows; not round-off")
+    assert ex.roundoff_verdict(5e-6, [1e-3, 0.0, 1e-6, 2e-6]) == (
+        "the nonzero reordering controls are 1,000 times apart (some diverged), so judged "
+        f"against the smallest nonzero one: 5 times it: within {rule}")
+
+
+def test_the_rule_has_a_cliff_at_100_times_apart():
+    # documented at ROUNDOFF_FACTOR: just below 100 times apart the larger control is the
+    # yardstick, from 100 times apart the smaller (the larger diverged)
+    assert ex.roundoff_within(0.99e-3, [1e-6, 0.99e-4])
+    assert not ex.roundoff_within(0.99e-3, [1e-6, 1e-4])
+    assert ex.roundoff_within(0.9e-5, [1e-6, 1e-4]) and not ex.roundoff_within(1.1e-5, [1e-6, 1e-4])
+
+
+def test_roundoff_within_agrees_with_the_verdict_over_a_grid():
+    rule = f"the book's round-off rule (at most {ex.ROUNDOFF_FACTOR} times)"
+    levels = [0.0, 1e-7, 1e-6, 3e-6, 1e-5, 0.99e-4, 1e-4, 1e-3, 1.8e-2]
+    control_sets = [[c] for c in levels]
+    control_sets += [list(pair) for pair in itertools.combinations(levels, 2)]
+    control_sets += [list(t) for t in itertools.combinations(levels, 3)]
+    differences = [0.0, 5e-324, *levels, 2e-7, 5e-6, 5e-5, 2e-3, 0.5, 10.0]
+    seen = {"diverged": 0, "within": 0, "beyond": 0}
+    for controls in control_sets:
+        diverged = ex.controls_diverged(controls)
+        seen["diverged"] += diverged
+        for d in differences:
+            within = ex.roundoff_within(d, controls)
+            words = ex.roundoff_verdict(d, controls)
+            assert words.endswith(f"within {rule}" if within else f"more than {rule} allows"), (
+                d, controls, words)
+            assert ("times apart" in words) == (diverged and d > 0), (d, controls, words)
+            # the rule is one comparison with the control it judges against
+            assert within == (d <= ex.ROUNDOFF_FACTOR * ex.roundoff_yardstick(controls))
+            seen["within" if within else "beyond"] += 1
+    assert all(seen.values()), seen  # the grid holds every case
+
+
+def test_roundoff_rule_words_state_the_whole_rule():
+    words = ex.roundoff_rule_words()
+    assert words.startswith(f"at most {ex.ROUNDOFF_FACTOR} times the largest reordering control")
+    assert f"{ex.ROUNDOFF_FACTOR ** 2} or more times apart" in words
+    assert "smallest nonzero" in words and "diverged" in words

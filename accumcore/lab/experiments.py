@@ -221,36 +221,78 @@ REORDERINGS = ("reversed", "shuffled")
 
 
 #: A difference between two runs that compute the same updates counts as float round-off
-#: (the book's round-off rule) when it is at most this many times the largest reordering
-#: control, and this many times the smallest when the controls are this factor squared apart
-#: (one diverged; see :func:`roundoff_verdict`). Why a factor and not "no larger than the
-#: controls": two or three controls sample the spread of round-off thinly, and training
-#: amplifies it from update to update, so one more exact run can land a few times beyond
-#: them; a wrong accumulation rule is off by far more (1e-1 of the update and above from the
-#: first window).
+#: (the book's round-off rule, :func:`roundoff_within`; in words :func:`roundoff_rule_words`)
+#: when it is at most this many times the largest reordering control, and this many times the
+#: smallest nonzero control too when the nonzero controls are this factor squared (100) times
+#: apart or more (one diverged; :func:`controls_diverged`). Why a factor and not "no larger
+#: than the controls": two or three controls sample the spread of round-off thinly, and
+#: training amplifies it from update to update, so one more exact run can land a few times
+#: beyond them; a wrong accumulation rule is off by far more (1e-1 of the update and above from
+#: the first window).
+#:
+#: The rule has a cliff at 100 times apart, on purpose: controls 1e-6 and 0.99e-4 allow a
+#: difference up to about 1e-3 (10 times the larger), controls 1e-6 and 1e-4 only 1e-5 (10
+#: times the smaller). Below 100 times apart both controls are taken as samples of round-off, so
+#: the larger one is the yardstick; from 100 times apart the larger is no sample of round-off
+#: but of round-off that training amplified (one reordering's trajectory diverged), which says
+#: nothing about how far an exact run may end, so only the smaller is. Two or three controls
+#: cannot tell how much of a spread below 100 times is divergence already; a smooth rule would
+#: need that, so the book keeps the cliff and says which control it judged against
+#: (:func:`roundoff_verdict`).
 ROUNDOFF_FACTOR = 10
+
+
+def _roundoff_inputs(difference: float, controls: Sequence[float]) -> tuple[float, list[float]]:
+    """``difference`` and ``controls`` as floats, checked: distances (finite, >= 0), at least
+    one control.
+
+    Raises:
+        ValueError: naming ``difference`` or ``controls``, for an empty ``controls`` or a
+            negative, infinite or NaN value.
+    """
+    values = [float(c) for c in controls]
+    if not values:
+        raise ValueError("controls must hold at least one value (a reordering control's).")
+    bad = [c for c in values if not math.isfinite(c) or c < 0]
+    if bad:
+        raise ValueError(f"`controls` must be non-negative finite numbers (distances from the "
+                         f"reference), got {bad[0]!r} in {values!r}.")
+    d = float(difference)
+    if not math.isfinite(d) or d < 0:
+        raise ValueError(f"`difference` must be a non-negative finite number (a distance from "
+                         f"the reference), got {difference!r}.")
+    return d, values
+
+
+def _checked_controls(controls: Sequence[float]) -> list[float]:
+    """``controls`` as floats, checked as :func:`_roundoff_inputs` checks them."""
+    return _roundoff_inputs(0.0, controls)[1]
 
 
 def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
     """``difference`` in units of the largest reordering control (same unit as both).
 
     Args:
-        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
-        controls: how far the reordering controls end from the same reference; at least one.
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
+            finite, >= 0.
+        controls: how far the reordering controls end from the same reference; at least one,
+            each finite and >= 0.
 
     Returns:
         ``difference / max(controls)``; round-off by the book's rule needs at most
         :data:`ROUNDOFF_FACTOR` (and, when one control diverged, at most that many times the
-        smallest control too: :func:`roundoff_verdict`). If every control is 0: 0 for a zero
-        difference, else inf.
+        smallest nonzero control too: :func:`roundoff_within`). If every control is 0: 0 for
+        a zero difference, else inf.
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN difference or control
+            (the message names the argument).
     """
-    values = [float(c) for c in controls]
-    if not values:
-        raise ValueError("controls must hold at least one value (a reordering control's).")
+    d, values = _roundoff_inputs(difference, controls)
     largest = max(values)
     if largest == 0:  # the controls reproduced the reference bit for bit
-        return 0.0 if difference == 0 else math.inf
-    return float(difference) / largest
+        return 0.0 if d == 0 else math.inf
+    return d / largest
 
 
 def ratio_digits(ratio: float) -> str:
@@ -282,42 +324,88 @@ def times_words(ratio: float, whom: str) -> str:
 
 
 def controls_diverged(controls: Sequence[float]) -> bool:
-    """Whether reordering controls (all nonzero, at least two) are ``ROUNDOFF_FACTOR ** 2``
-    (100) times apart or more: training amplified one reordering's round-off, so the largest
-    control is no yardstick for round-off. A control of 0 (bit for bit) diverged from nothing:
-    False."""
-    values = [float(c) for c in controls]
-    return (len(values) > 1 and min(values) > 0
-            and max(values) >= ROUNDOFF_FACTOR**2 * min(values))
+    """Whether the nonzero reordering controls (at least two of them) are
+    ``ROUNDOFF_FACTOR ** 2`` (100) times apart or more: training amplified one reordering's
+    round-off, so the largest control is no yardstick for round-off. A control of 0 (bit for
+    bit) diverged from nothing and is left out, so it hides no divergence of the others:
+    ``[0, 1e-6, 1e-3]`` diverged, ``[0, 1e-3]`` did not.
+
+    At exactly 100 times apart the controls count as diverged: the rule has a cliff there
+    (see :data:`ROUNDOFF_FACTOR`).
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN control.
+    """
+    nonzero = [c for c in _checked_controls(controls) if c > 0]
+    return len(nonzero) > 1 and max(nonzero) >= ROUNDOFF_FACTOR**2 * min(nonzero)
+
+
+def roundoff_yardstick(controls: Sequence[float]) -> float:
+    """The control the book's round-off rule judges a difference against: the largest, or the
+    smallest nonzero one when the nonzero controls diverged (:func:`controls_diverged`). The
+    rule (:func:`roundoff_within`) is ``difference <= ROUNDOFF_FACTOR * roundoff_yardstick``.
+
+    Args:
+        controls: how far the reordering controls end from the reference; at least one, each
+            finite and >= 0.
+
+    Returns:
+        One of ``controls`` (0 when they are all 0).
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN control.
+    """
+    values = _checked_controls(controls)
+    if controls_diverged(values):
+        return min(c for c in values if c > 0)
+    return max(values)
 
 
 def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
-    """The book's round-off rule, as :func:`roundoff_verdict` words it: ``difference`` is at
-    most :data:`ROUNDOFF_FACTOR` times the largest control (:func:`roundoff_ratio`), and at
-    most that many times the smallest too when :func:`controls_diverged`.
+    """The book's round-off rule, as :func:`roundoff_verdict` words it and
+    :func:`roundoff_rule_words` states it: ``difference`` is at most :data:`ROUNDOFF_FACTOR`
+    times the largest control (:func:`roundoff_ratio`), and at most that many times the
+    smallest nonzero control too when :func:`controls_diverged` (which has a cliff at 100 times
+    apart: :data:`ROUNDOFF_FACTOR`).
 
     Args:
-        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
-        controls: how far the reordering controls end from the same reference; at least one.
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
+            finite, >= 0.
+        controls: how far the reordering controls end from the same reference; at least one,
+            each finite and >= 0.
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN difference or control
+            (the message names the argument).
     """
-    values = [float(c) for c in controls]
-    if roundoff_ratio(difference, values) > ROUNDOFF_FACTOR:
-        return False
-    return not controls_diverged(values) or float(difference) <= ROUNDOFF_FACTOR * min(values)
+    d, values = _roundoff_inputs(difference, controls)
+    return d <= ROUNDOFF_FACTOR * roundoff_yardstick(values)
+
+
+def roundoff_rule_words() -> str:
+    """The book's round-off rule (:func:`roundoff_within`) in a reader's words, the diverged
+    controls included, e.g. "at most 10 times the largest reordering control, and at most 10
+    times the smallest nonzero one too when the nonzero controls are 100 or more times apart
+    (one diverged)"."""
+    return (f"at most {ROUNDOFF_FACTOR} times the largest reordering control, and at most "
+            f"{ROUNDOFF_FACTOR} times the smallest nonzero one too when the nonzero controls "
+            f"are {ROUNDOFF_FACTOR**2} or more times apart (one diverged)")
 
 
 def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
     """The book's round-off rule in words: ``difference`` against the reordering controls.
 
     Within the rule (:func:`roundoff_within`) means at most :data:`ROUNDOFF_FACTOR` times the
-    largest control (:func:`roundoff_ratio`). When the controls (all nonzero) are at least
+    largest control (:func:`roundoff_ratio`). When the nonzero controls are at least
     ``ROUNDOFF_FACTOR ** 2`` times apart (:func:`controls_diverged`), training amplified one
     reordering's round-off, so the largest is no yardstick for round-off, and within the rule
-    also needs at most ``ROUNDOFF_FACTOR`` times the smallest.
+    also needs at most ``ROUNDOFF_FACTOR`` times the smallest nonzero control.
 
     Args:
-        difference: how far a run ends from its reference (a ``relative_error``, a loss gap).
-        controls: how far the reordering controls end from the same reference; at least one.
+        difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
+            finite, >= 0.
+        controls: how far the reordering controls end from the same reference; at least one,
+            each finite and >= 0.
         beyond: what a difference beyond the rule means on the calling page, appended after
             a semicolon (nothing if empty).
 
@@ -331,42 +419,51 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         more than the book's round-off rule (at most 10 times) allows" beyond it. Controls
         100 or more times apart: "the reordering controls are 4,000 times apart (one
         diverged), so judged against the smaller: 0.88 times it: within ..." ("the smallest",
-        "some diverged" for more than two). A difference of 0 beside nonzero controls: "equal
-        to its reference bit for bit, closer than ...". Controls all 0 (bit for bit): "equal
-        to its reference, as the reordering controls are: within ..." or "not equal to its
-        reference, though the reordering controls are: more than ...". A control of 0 beside
-        nonzero ones reproduced its reference bit for bit and diverged from nothing: the
-        larger alone is the yardstick.
+        "some diverged" for more than two; "the nonzero reordering controls are ... so judged
+        against the smaller nonzero one" when a control is 0). A difference of 0 beside
+        nonzero controls: "equal to its reference bit for bit, closer than ...". Controls all
+        0 (bit for bit): "equal to its reference, as the reordering controls are: within ..."
+        or "not equal to its reference, though the reordering controls are: more than ...".
+        A control of 0 beside one nonzero control reproduced its reference bit for bit and
+        diverged from nothing: the nonzero one alone is the yardstick.
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN difference or control
+            (the message names the argument).
     """
-    values = [float(c) for c in controls]
-    ratio = roundoff_ratio(difference, values)
+    d, values = _roundoff_inputs(difference, controls)
+    ratio = roundoff_ratio(d, values)
     rule = f"the book's round-off rule (at most {ROUNDOFF_FACTOR} times)"
     if ratio == 0 and max(values) == 0:
         return f"equal to its reference, as the reordering controls are: within {rule}"
-    if difference == 0:
+    if d == 0:
         return ("equal to its reference bit for bit, closer than the reordering controls: "
                 f"within {rule}")
-    largest, smallest = max(values), min(values)
-    apart = controls_diverged(values)
-    to_smallest = float(difference) / smallest if smallest > 0 else math.inf
-    within = roundoff_within(difference, values)
+    nonzero = [c for c in values if c > 0]
+    largest = max(values)
+    within = roundoff_within(d, values)
     verdict = f"within {rule}" if within else f"more than {rule} allows"
     if math.isinf(ratio):
         verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
-    elif apart:
-        least, diverged = (("the smaller", "one diverged") if len(values) == 2 else
+    elif controls_diverged(values):
+        smallest = min(nonzero)
+        least, diverged = (("the smaller", "one diverged") if len(nonzero) == 2 else
                            ("the smallest", "some diverged"))
-        verdict = (f"the reordering controls are {ratio_digits(largest / smallest)} times apart "
+        which = "the reordering controls"
+        if len(nonzero) < len(values):  # a control of 0 is not the one judged against
+            which, least = "the nonzero reordering controls", f"{least} nonzero one"
+        verdict = (f"{which} are {ratio_digits(largest / smallest)} times apart "
                    f"({diverged}), so judged against {least}: "
-                   f"{times_words(to_smallest, 'it')}: {verdict}")
+                   f"{times_words(d / smallest, 'it')}: {verdict}")
     else:
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
                  "the largest reordering control")
         against = times_words(ratio, which)
+        smallest = min(values)
         if ratio < 1 and len(values) > 1 and smallest > 0 and ratio_digits(ratio) != "1":
             least = "the smaller" if len(values) == 2 else "the smallest"
-            against = f"below {which} ({times_words(to_smallest, least)})"
+            against = f"below {which} ({times_words(d / smallest, least)})"
         verdict = f"{against}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
