@@ -941,9 +941,9 @@ _NONE = (rf"(?<=[^{_CLAUSE_START}] )None\b|(?<=[=<>/\[{{,])None\b"
 #: regular expression (case-sensitive: "NaN" and "None of" are words; a sentence's first word
 #: is capitalised, so "All 2", "Epoch 5 of 5" and "Up to update 1" are read as their lowercase
 #: forms) -> why. Matched on the page's sentences with the glued values in place, math
-#: (``$$...$$`` first, then ``$...$``) blanked out (a LaTeX
-#: brace is no format field), and reported only where the match touches a glued value (a
-#: written sentence is the author's own). A pattern with the groups ``lo`` and ``hi`` is a
+#: (``$$...$$`` first, then ``$...$``) blanked out (a LaTeX brace is no format field), and
+#: reported only where the match touches a glued value (a written sentence is the author's
+#: own). A pattern with the groups ``lo`` and ``hi`` is a
 #: range, reported only when the two are the same number ("0.10 to 0.1"); its ``hi`` is
 #: read in a lookahead, so that one range's end may start the next ("0.1 to 0.2 to 0.2").
 TEMPLATE_ARTEFACTS: dict[str, str] = {
