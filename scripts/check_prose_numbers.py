@@ -31,7 +31,8 @@ commands, a run the reader cannot see: ``markdown_page_problems``), by
 
 The fourth rule: what only the build should see stays off the page: a code cell whose source
 a reader can see (``source_seen``: a folded ``hide-input`` cell is seen, a ``remove-input`` or
-``remove-cell`` one is not; the same rule for machinery and pragmas), or the output it shows,
+``remove-cell`` one is not; the same rule for machinery and pragmas, while a number counts as
+shown only in an unfolded source), or the output it shows,
 that names build machinery (``MACHINERY``: "hidden cell", cell tags, the build's folders
 and variables); a reference to a numbered section ("section 2", "sections 4
 to 6") that no numbered heading of the page carries (another page's section, "chapter 7's
@@ -142,17 +143,35 @@ def prose(markdown: str) -> str:
     return text
 
 
-#: Cell tags that keep a code cell's source off the page.
-HIDDEN = {"remove-cell", "remove-input", "hide-input"}
+#: Tags that keep a code cell's source off the page.
+SOURCE_REMOVED = {"remove-cell", "remove-input"}
+#: Tags that fold a code cell's source: on the page, shown only when a reader unfolds it.
+SOURCE_FOLDED = {"hide-input"}
+
+
+def source_seen(cell: dict, folded: bool = True) -> bool:
+    """Whether a reader can see a code cell's source: not if ``remove-cell`` or
+    ``remove-input`` (``SOURCE_REMOVED``) takes it off the page; a folded ``hide-input`` cell
+    (``SOURCE_FOLDED``) counts as seen when ``folded`` is true.
+
+    The one rule for every check that reads sources, with the one choice it leaves:
+    ``folded=True`` for what must not be on the page at all (machinery, linter pragmas: a
+    reader who unfolds the cell reads every line, so the book's folded setup cells and its
+    QUICK switch are read and pass), ``folded=False`` for what must be shown to count (a number
+    the prose quotes: one visible only on a click is not shown to a reader of the sentence).
+    """
+    tags = set(cell.get("metadata", {}).get("tags", []))
+    hidden = SOURCE_REMOVED if folded else SOURCE_REMOVED | SOURCE_FOLDED
+    return cell["cell_type"] == "code" and not tags & hidden
 
 
 def shown(notebook: dict) -> str:
     """Every text an executed notebook shows or glues: streams, plain-text results, errors,
-    and the source of its visible code cells (a constant set there is on the page)."""
+    and the source of its unfolded visible code cells (a constant set there is on the page;
+    :func:`source_seen` with ``folded=False``)."""
     parts = []
     for cell in notebook["cells"]:
-        tags = set(cell.get("metadata", {}).get("tags", []))
-        if cell["cell_type"] == "code" and not tags & HIDDEN:
+        if source_seen(cell, folded=False):
             parts.append("".join(cell["source"]))
         for output in cell.get("outputs", []):
             parts.append("".join(output.get("text", "")))
@@ -583,21 +602,6 @@ MACHINERY = re.compile(
     r"|ACCUMCORE_BOOK_BUILD|jupyter_execute|\b_build/", re.I)
 #: Tags that keep a cell's output off the page.
 OUTPUT_HIDDEN = {"remove-cell", "remove-output"}
-#: Tags that keep a code cell's source off the page (``hide-input`` only folds it: a reader
-#: who unfolds the cell sees every line).
-SOURCE_REMOVED = {"remove-cell", "remove-input"}
-
-
-def source_seen(cell: dict) -> bool:
-    """Whether a reader can see a code cell's source: unless ``remove-cell`` or
-    ``remove-input`` (``SOURCE_REMOVED``) takes it off the page. A folded ``hide-input`` cell is
-    seen (a reader who unfolds it reads every line), so the book's folded setup cells and its
-    QUICK switch are read by every rule that uses this one, and pass: they name no machinery
-    and carry no pragma."""
-    tags = set(cell.get("metadata", {}).get("tags", []))
-    return cell["cell_type"] == "code" and not tags & SOURCE_REMOVED
-
-
 def machinery_shown(notebook: dict) -> list[str]:
     """The lines of code cells a reader can see (:func:`source_seen`), and of the outputs the
     page shows, that name build machinery (``MACHINERY``), one problem each."""
@@ -776,13 +780,14 @@ def _glued_values(notebook: dict) -> dict[str, object]:
 
 
 def _printed(notebook: dict) -> str:
-    """What a page's visible code cells print (glue records excluded) and their sources."""
+    """What a page's visible code cells print (glue records excluded) and their unfolded
+    sources (:func:`source_seen` with ``folded=False``)."""
     parts = []
     for cell in notebook["cells"]:
         tags = set(cell.get("metadata", {}).get("tags", []))
         if cell["cell_type"] != "code" or "remove-cell" in tags:
             continue
-        if not tags & HIDDEN:
+        if source_seen(cell, folded=False):
             parts.append("".join(cell["source"]))
         if tags & OUTPUT_HIDDEN:
             continue
@@ -919,20 +924,32 @@ _COUNTED = (r"(?:runs|seeds|updates|windows|epochs|steps|times|samples|batches|m
 #: on 0" and "set to 0" are a value.
 _COUNTING = (r"(?:higher|lower|better|worse|faster|slower|larger|smaller|tied|ties|won|wins"
              r"|lost|loses|diverged|failed|passed|ahead|behind|exact|equal|above|below)")
-#: Position nouns: "epoch 5 of 5" is the last epoch, not a template's "3 of 3".
+#: Position nouns: "epoch 5 of 5" (or "Epoch 5 of 5", a sentence's first word) is the last
+#: epoch, not a template's "3 of 3".
 _POSITIONS = ("epoch", "update", "step", "window", "batch", "page", "part", "round", "seed",
               "run", "chapter", "row", "column", "figure", "exercise", "cell")
+#: What may come right before a clause's first word: ``None`` at the sentence's start or after
+#: one of these may be the word ("None diverged", "Seeds: None of them trained").
+_CLAUSE_START = "\\s:;(\"\u201c\u2014\u2013*>#-"
+#: ``None`` as a word: at a clause's start, before "of" or a lowercase word that is no counted
+#: noun (``_COUNTED``, "times" included), "and" or "or" ("None diverged", "None of the rates").
+#: Anywhere else ("after None updates", "lr=None"), or before a counted noun ("None times the
+#: control"), it is Python's.
+_NONE = (rf"(?<=[^{_CLAUSE_START}] )None\b|(?<=[=<>/\[{{,])None\b"
+         r"|\bNone\b(?! (?:of\b|(?!(?:and|or)\b|" + _COUNTED + r"\b)[a-z]{2,}))")
 #: What glued text shows when a template was filled with a degenerate value, or not at all:
-#: regular expression (case-sensitive: "NaN" and "None of" are words) -> why. Matched on the
-#: page's sentences with the glued values in place, math (``$...$``) blanked out (a LaTeX
-#: brace is no format field), and reported only where the match touches a glued value (a
-#: written sentence is the author's own). A pattern with the groups ``lo`` and ``hi`` is a
-#: range, reported only when the two are the same number ("0.10 to 0.1").
+#: regular expression (case-sensitive: "NaN" and "None of" are words; a sentence's first word
+#: is capitalised, so "All 2", "Epoch 5 of 5" and "Up to update 1" are read as their lowercase
+#: forms) -> why. Matched on the page's sentences with the glued values in place, math
+#: (``$$...$$`` first, then ``$...$``) blanked out (a LaTeX brace is no format field), and
+#: reported only where the match touches a glued value (a written sentence is the author's
+#: own). A pattern with the groups ``lo`` and ``hi`` is a
+#: range, reported only when the two are the same number ("0.10 to 0.1"); its ``hi`` is
+#: read in a lookahead, so that one range's end may start the next ("0.1 to 0.2 to 0.2").
 TEMPLATE_ARTEFACTS: dict[str, str] = {
     r"\{(?![a-z][\w:-]*\}`)|(?<![a-z])\}(?!`)":  # a MyST role in glued Markdown is no field
         "a brace: a format field left unfilled",
-    # Python's None: alone, or before a word that is no verb ("None diverged" is English)
-    r"\bNone\b(?! (?!and\b|or\b)[a-z]{2,})": "Python's None where a value or a word belongs",
+    _NONE: "Python's None where a value or a word belongs",
     r"(?<![\w.])-?(?:nan|inf)(?!\w|\.\d)": "a float that is no number (nan, inf)",
     r"(?<![\w.,+-])0(?:\.0+)? times\b": "'0 times': say what it means (never, none, equal)",
     r"\b" + _COUNTING + r" (?:on|in) 0(?=[,;:)]|\.(?!\d)|$| and\b| or\b)"
@@ -940,14 +957,14 @@ TEMPLATE_ARTEFACTS: dict[str, str] = {
         "a count of zero ('lower on 0', '0 of 3 seeds', 'on 0 seeds'): say 'none' or leave "
         "the clause out",
     r"(?<![\w.,+-])1 " + _COUNTED + r"\b": "one with a plural noun ('1 runs', '1 seconds')",
-    r"\ball [012](?!\w|[.,]\d)": "'all 2' is 'both' ('all 1', 'all 0' are no 'all')",
-    "".join(f"(?<!{noun} )" for noun in _POSITIONS)
+    r"\b[Aa]ll [012](?!\w|[.,]\d)": "'all 2' is 'both' ('all 1', 'all 0' are no 'all')",
+    "".join(f"(?<!{form} )" for noun in _POSITIONS for form in (noun, noun.capitalize()))
     + r"(?<![\w.,+-])(\d+) of \1(?!\w|[.,]\d)": "'3 of 3': say 'all 3' or 'every'",
-    r"\b(?:up to|through|until|over the first|for the first|in the first) "
+    r"\b(?:[Uu]p to|[Tt]hrough|[Uu]ntil|(?:[Oo]ver|[Ff]or|[Ii]n) the first) "
     r"(?:update|window|epoch|step|seed|batch)(?:es|s)? 1(?!\w|[.,]\d)":
         "a range that ends at 1 ('up to update 1'): say what happened at 1",
     r"(?<![\w.+-])(?P<lo>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?) to "
-    r"(?P<hi>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?)(?!\w|[.,]\d)":
+    r"(?=(?P<hi>[-+]?\d+(?:[.,]\d+)*(?:e[-+]?\d+)?)(?!\w|[.,]\d))":
         "a range from a value to itself",
 }
 _GLUE_ANY_ROLE = re.compile(r"\{glue:(?:text|md)\}`(\w+)(?::([^`]*))?`")
@@ -1002,16 +1019,17 @@ def template_artefacts(notebook: dict) -> list[str]:
             filled, spans = _filled(written, texts, values)
             problems += [f"glued text {key!r} is empty: {written}" for _, _, key in spans
                          if key in texts and not texts[key].strip()]
-            blanked = re.sub(r"\$[^$]*\$", lambda m: " " * len(m.group(0)), filled)
+            blanked = _MATH.sub(lambda m: " " * len(m.group(0)), filled)  # $$...$$ first
             for pattern, why in TEMPLATE_ARTEFACTS.items():
                 for match in re.finditer(pattern, blanked):
                     groups = match.groupdict()
                     if "lo" in groups and not _same_number(groups["lo"], groups["hi"]):
                         continue
-                    if any(start < match.end() and match.start() < end
-                           or start == end == match.end() for start, end, _ in spans):
+                    stop = match.end("hi") if "hi" in groups else match.end()
+                    if any(start < stop and match.start() < end
+                           or start == end == stop for start, end, _ in spans):
                         problems.append(f"template artefact in glued text ({why}): "
-                                        f"{filled[match.start():match.end()]!r} in: {filled}")
+                                        f"{filled[match.start():stop]!r} in: {filled}")
     return list(dict.fromkeys(problems))
 
 
@@ -1189,9 +1207,17 @@ def _figure_texts(cell: dict) -> list[str]:
                               meta.get("figure", {}).get("caption")) if isinstance(text, str)]
 
 
+#: Words of a label that name no element ("the floor", "each seed's run"): a label's name is
+#: its first word of three letters or more that is none of these.
+_LABEL_STOP_WORDS = {"the", "one", "two", "all", "per", "and", "each", "every", "any", "both",
+                     "its", "their", "this", "that", "these", "those", "for", "with", "from",
+                     "after", "before", "over", "under", "not", "only", "some", "other"}
+
+
 def _element_names(call: ast.Call) -> set[str]:
-    """What a drawing call's element is called: the first word (three letters or more) of its
-    ``label=``'s written text, and for a line or span, the name of the variable it marks."""
+    """What a drawing call's element is called: the first content word (three letters or
+    more, not in ``_LABEL_STOP_WORDS``) of its ``label=``'s written text, and for a line or
+    span, the name of the variable it marks."""
     names = set()
     for keyword in call.keywords:
         if keyword.arg != "label":
@@ -1200,7 +1226,8 @@ def _element_names(call: ast.Call) -> set[str]:
         parts = value.values if isinstance(value, ast.JoinedStr) else [value]
         text = "".join(part.value for part in parts
                        if isinstance(part, ast.Constant) and isinstance(part.value, str))
-        names.update(re.findall(r"[A-Za-z]{3,}", text)[:1])
+        names.update([word for word in re.findall(r"[A-Za-z]{3,}", text)
+                      if word.lower() not in _LABEL_STOP_WORDS][:1])
     if _called_name(call) in _MARKS:
         names.update(arg.id.replace("_", " ") for arg in call.args[:1]
                      if isinstance(arg, ast.Name) and len(arg.id) >= 3)
@@ -1213,8 +1240,10 @@ def conditional_figure_elements(notebook: dict) -> list[str]:
     ``ax.axhline(floor, ..., label="floor ...")`` under ``if zeros:``; a run without exact
     zeros shows no such line). The heuristic, narrow on purpose: in a cell with alt text or a
     caption, a drawing call (``DRAW_CALLS``) in the body or ``else`` of an ``if`` statement is
-    named by its label's first word and, for a line or span, by its position variable
-    (:func:`_element_names`); the caption names it if it holds that word, whole, singular or
+    named by its label's first content word and, for a line or span, by its position variable
+    (:func:`_element_names`); an element drawn in both branches of an ``if`` (its body and its
+    ``else``, ``elif`` chains included) or by a call outside every ``if`` is always drawn, and
+    not reported. The caption names it if it holds that word, whole, singular or
     plural, in a clause with no conditional word (``_CONDITIONAL``: "if", "when", "unless",
     ...). Not seen: conditional expressions (``label=... if x else None``), elements drawn by a
     helper function that decides for itself, loops over a possibly empty list."""
@@ -1229,10 +1258,9 @@ def conditional_figure_elements(notebook: dict) -> list[str]:
             continue
         names = set()
         for branch in (n for n in ast.walk(tree) if isinstance(n, ast.If)):
-            for statement in branch.body + branch.orelse:
-                names.update(name for call in ast.walk(statement)
-                             if isinstance(call, ast.Call) and _called_name(call) in DRAW_CALLS
-                             for name in _element_names(call))
+            body, orelse = _drawn(branch.body), _drawn(branch.orelse)
+            names |= body ^ orelse  # drawn in both branches: drawn either way
+        names -= _drawn(tree.body, unconditional=True)
         for text in texts:
             for clause in re.split(r"[.;:]\s", text):
                 if _CONDITIONAL.search(clause):
@@ -1245,6 +1273,20 @@ def conditional_figure_elements(notebook: dict) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
+def _drawn(statements: list, unconditional: bool = False) -> set[str]:
+    """The element names (:func:`_element_names`) of the drawing calls in ``statements``;
+    with ``unconditional``, only those outside every ``if`` statement."""
+    names, todo = set(), list(statements)
+    while todo:
+        node = todo.pop()
+        if unconditional and isinstance(node, ast.If):
+            continue
+        if isinstance(node, ast.Call) and _called_name(node) in DRAW_CALLS:
+            names |= _element_names(node)
+        todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
 #: A vague magnitude: "orders of magnitude", "a hundredfold or more", "ten times or more",
 #: "a factor of ten or more". Said with no number beside it, the reader cannot tell 10 from
 #: 10,000; the page can print the factor.
@@ -1253,12 +1295,24 @@ VAGUE_MAGNITUDE = re.compile(
     r"|factor of \w+)\s+or\s+(?:more|over|above|greater|larger)\b", re.I)
 
 
+#: A number in a sentence that can say how large a magnitude is: a digit that does not number
+#: a part of the book or of a run ("in chapter 3", "section 2", "exercise 1", "figure 4"):
+#: such a number says nothing about a factor. A digit in a word ("float64") still counts: a
+#: narrower rule (a factor beside the phrase) would need the sentence's grammar.
+_MAGNITUDE_NUMBER = re.compile(
+    r"(?<!\bchapter )(?<!\bchapters )(?<!\bsection )(?<!\bsections )(?<!\bexercise )"
+    r"(?<!\bfigure )(?<!\bappendix )(?<!\bpart )(?<!\bpage )(?<!\btable )(?<!\bstep )"
+    r"(?<![\d.,])\d", re.I)
+
+
 def vague_magnitudes(notebook: dict) -> list[str]:
     """A vague magnitude (``VAGUE_MAGNITUDE``) in a sentence with no number in it, as readers
     see it: written or glued into the prose (the glued values in place), or in a figure's alt
     text or caption, one problem each. A number is a digit anywhere in the sentence (code spans
-    and math included); on the sources a quoted glue whose value is not recorded may hold one,
-    so it counts as a number there (the executed page, with its values, decides)."""
+    and math included) that numbers no chapter, section, exercise, figure, ... of the book
+    (``_MAGNITUDE_NUMBER``: "in chapter 3" says no factor); on the sources a quoted glue
+    whose value is not recorded may hold one, so it counts as a number there (the executed
+    page, with its values, decides)."""
     records = glue_records(notebook)
     texts = {key: text for key, (_, text) in records.items()}
     values = {key: value for key, (value, _) in records.items()}
@@ -1276,7 +1330,8 @@ def vague_magnitudes(notebook: dict) -> list[str]:
     return list(dict.fromkeys(
         f"a vague magnitude with no number in its sentence ({match.group(0)!r}: say the factor "
         f"the page prints): {sentence}"
-        for sentence, unknown in found if not unknown and not re.search(r"\d", sentence)
+        for sentence, unknown in found
+        if not unknown and not _MAGNITUDE_NUMBER.search(sentence)
         for match in VAGUE_MAGNITUDE.finditer(sentence)))
 
 

@@ -73,34 +73,74 @@ def test_the_check_finds_a_colon_in_a_doc_comment_and_a_property():
     assert [read_as_type(doc) for _, doc in docs] == ["Issue 19", "Window", None]
 
 
+def shared_defaults(members: list[tuple[str, object]]) -> list[str]:
+    """``label(parameter=default)`` of every parameter of ``members`` (label, callable) whose
+    default reads as shared mutable state on the API page: an unhashable value (``[]``, ``{}``,
+    a set, a non-frozen dataclass instance: its type sets ``__hash__`` to None) or a dataclass
+    ``default_factory``, which the signature shows as ``<factory>``. (``inspect`` marks a
+    parameter without a default with ``Parameter.empty``, never ``dataclasses.MISSING``.)"""
+    import inspect
+
+    found = []
+    for label, member in members:
+        try:
+            signature = inspect.signature(member)
+        except (TypeError, ValueError):
+            continue
+        for parameter in signature.parameters.values():
+            default = parameter.default
+            if default is inspect.Parameter.empty:
+                continue
+            if type(default).__hash__ is None or "<factory>" in repr(default):
+                found.append(f"{label}({parameter.name}={default!r})")
+    return found
+
+
 def test_no_public_signature_shows_a_mutable_or_factory_default():
     """The API page renders each signature: a default of ``[]``, ``{}`` or a dataclass
     ``<factory>`` reads as a shared mutable default (a reader flagged ``LoopHistory``'s)."""
-    import dataclasses
     import inspect
 
     import accumcore
     import accumcore.checkpointing
     import accumcore.memory
 
-    found = []
+    members = []
     for module in (accumcore, accumcore.memory, accumcore.checkpointing):
         for name in getattr(module, "__all__", [n for n in dir(module) if not n.startswith("_")]):
             obj = getattr(module, name)
             if getattr(obj, "__module__", "").split(".")[0] != "accumcore":
                 continue
-            members = [(name, obj)]
+            members.append((name, obj))
             if inspect.isclass(obj):
                 members += [(f"{name}.{k}", v) for k, v in vars(obj).items()
                             if callable(v) and not k.startswith("_")]
-            for label, member in members:
-                try:
-                    signature = inspect.signature(member)
-                except (TypeError, ValueError):
-                    continue
-                for parameter in signature.parameters.values():
-                    default = parameter.default
-                    if isinstance(default, (list, dict, set)) or default is dataclasses.MISSING \
-                            or "<factory>" in repr(default):
-                        found.append(f"{label}({parameter.name}={default!r})")
-    assert found == []
+    assert shared_defaults(members) == []
+
+
+def test_the_check_finds_each_kind_of_shared_default():
+    """The check above can fail: each kind of default it exists for is found, and immutable
+    defaults (None, a tuple, a frozen dataclass, a number, a string) pass."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Box:
+        items: list = dataclasses.field(default_factory=list)
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        n: int = 1
+
+    def bad(a, b, c, d):
+        return a, b, c, d
+
+    def good(a, b, c, d, e):
+        return a, b, c, d, e
+
+    bad.__defaults__ = ([], {}, set(), Box())  # as ``def bad(a=[], ...)`` would set them
+    good.__defaults__ = (None, (), Frozen(), 1, "x")
+    found = shared_defaults([("bad", bad), ("Box", Box)])
+    assert [entry.split("=")[0] for entry in found] == ["bad(a", "bad(b", "bad(c", "bad(d",
+                                                        "Box(items"]
+    assert found[-1] == "Box(items=<factory>)"
+    assert shared_defaults([("good", good)]) == []

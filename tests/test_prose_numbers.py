@@ -699,6 +699,24 @@ def test_a_linter_pragma_in_code_readers_see_is_machinery(tags, flagged):
     assert bool(checker.page_problems("09_x", page)) is flagged
 
 
+@pytest.mark.parametrize("tags, shown", [((), True), (("hide-input",), False),
+                                         (("remove-input",), False), (("remove-cell",), False)])
+def test_a_number_in_folded_code_is_not_shown_but_folded_machinery_is_seen(tags, shown):
+    """One rule (``source_seen``) with one choice: a folded ``hide-input`` source is seen for
+    machinery and pragmas (a click unfolds every line), but a number in it is not shown to the
+    reader of the sentence that quotes it."""
+    cell = {"cell_type": "code", "source": "GAP = 0.45  # hidden cell", "metadata": {
+        "tags": list(tags)}, "outputs": []}
+    assert checker.source_seen(cell, folded=False) is shown
+    assert checker.source_seen(cell, folded=True) is (tags in ((), ("hide-input",)))
+    page = {"cells": [cell, {"cell_type": "markdown", "source": "The gap is 0.45 here.",
+                             "metadata": {}}]}
+    assert (checker.unshown_numbers(page, {}) == []) is shown
+    assert ("0.45" in checker.shown(page)) is shown
+    assert ("0.45" in checker._printed(page)) is shown
+    assert bool(checker.machinery_shown(page)) is (tags in ((), ("hide-input",)))
+
+
 @pytest.mark.parametrize("tags, seen", [((), True), (("hide-input",), True),
                                         (("remove-input",), False), (("remove-cell",), False)])
 def test_machinery_and_pragmas_share_one_rule_for_a_seen_source(tags, seen):
@@ -781,13 +799,60 @@ def test_a_template_artefact_is_reported_only_where_a_glued_value_is():
     "in 0.5 s, on 0.25 of the data", "10 times the control, 1 run, 11 runs, 1,000 runs",
     "all 20 seeds, all 3 of them", "up to update 12, through epoch 1.5", "from 1 to 10",
     "see {doc}`chapter 3 <03_model_fit>`", "NaN in one micro-batch, Inf in another",
-    "on 1 of 3 seeds, 12 of 13", "None diverged", "None of the runs, none diverged",
-    "centred on 0, spread 0.2", "the weights at epoch 5 of 5", "set to 0 in 0.5 s",
-    "1 second, 0.5 seconds, 10 seconds",
+    "on 1 of 3 seeds, 12 of 13", "centred on 0, spread 0.2", "the weights at epoch 5 of 5",
+    "set to 0 in 0.5 s", "1 second, 0.5 seconds, 10 seconds", "0.1 to 0.2 to 0.3",
 ])
 def test_glued_text_that_only_resembles_a_template_passes(glued):
     page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
     assert checker.template_artefacts(page) == [], glued
+
+
+@pytest.mark.parametrize("markdown, glued, flagged", [
+    ("{glue:text}`words`.", "None diverged", False),  # a sentence's first word
+    ("{glue:text}`words`.", "None of the runs, none diverged", False),
+    ("Seeds: {glue:text}`words`.", "None of them trained", False),  # a clause's first word
+    ("{glue:text}`words`.", "Epoch 5 of 5 ended the run", False),  # a position, capitalised
+    ("It ran {glue:text}`words`.", "after None updates", True),  # the review's two strings
+    ("{glue:text}`words`.", "None times the larger control", True),
+    ("It was {glue:text}`words`.", "None times the larger control", True),
+    ("It was {glue:text}`words`.", "None diverged", True),  # not at a clause's start
+    ("{glue:text}`words`.", "None runs diverged", True),  # a counted noun
+    ("It set {glue:text}`words`.", "lr=None", True),
+    ("{glue:text}`words`.", "All 2 epochs ran", True),  # capitalised, still 'both'
+    ("{glue:text}`words`.", "Up to update 1 it held", True),
+    ("{glue:text}`words`.", "3 of 3 seeds agreed", True),
+])
+def test_none_is_a_word_only_at_a_clause_s_start_and_capitals_read_as_lowercase(
+        markdown, glued, flagged):
+    """``None`` is the word only where a clause starts, before a word that is no counted noun
+    ("None diverged", "None of them"); mid-clause or before "updates"/"times" it is Python's
+    None. A sentence's capitalised first word ("Epoch 5 of 5", "All 2") reads as its lowercase
+    form does."""
+    page = _glued_page(markdown, "x\n", {"words": glued})
+    assert bool(checker.template_artefacts(page)) is flagged, glued
+
+
+@pytest.mark.parametrize("glued, flagged", [
+    ("0.1 to 0.2 to 0.2", True),  # an equal pair after an unequal one
+    ("0.2 to 0.2 to 0.3", True),
+    ("0.1 to 0.2 to 0.3", False),
+])
+def test_a_range_to_itself_is_found_after_another_range(glued, flagged):
+    page = _glued_page("The rates went {glue:text}`words`.", "x\n", {"words": glued})
+    problems = checker.template_artefacts(page)
+    assert any("a range from a value to itself" in p for p in problems) is flagged, problems
+    if flagged:
+        assert any("'0.2 to 0.2'" in p for p in problems), problems
+
+
+def test_display_math_in_glued_markdown_is_blanked_as_one():
+    """``$$...$$`` is one block of math: read as ``$`` pairs, its LaTeX braces were fields."""
+    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
+                                "the share $$\\frac{1}{K}$$ of it")
+    assert checker.template_artefacts(page) == []
+    unfilled = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
+                                    "the share $$\\frac{1}{K}$$ of {n}")
+    assert len(checker.template_artefacts(unfilled)) == 1
 
 
 @pytest.mark.parametrize("glued, why", [
@@ -935,6 +1000,21 @@ plt.show()'''
      "Line chart: the loss, the best rates marked.", True),
     ("ax.plot(x, y, label='loss')\nif best:\n    ax.scatter(b, a, label='best rate')\n",
      "Line chart: the loss against the samples seen.", False),
+    # the label's first word is a stop-word: its name is "floor", not "the"
+    ("if zeros:\n    ax.axhline(y0, label='the floor')\n",
+     "Line chart: the distances, with a dotted line at the floor.", True),
+    ("if zeros:\n    ax.axhline(y0, label='the floor')\n",
+     "Line chart: the distance of the runs from the reference.", False),
+    # drawn in both branches, or also unconditionally: always drawn
+    ("if zeros:\n    ax.axhline(y0, label='floor')\nelse:\n    ax.axhline(y1, label='floor')\n",
+     "Line chart: the distances, with a dotted line at the floor.", False),
+    ("if a:\n    ax.axhline(y0, label='floor')\nelif b:\n    ax.axhline(y1, label='floor')\n"
+     "else:\n    ax.axhline(y2, label='floor')\n",
+     "Line chart: the distances, with a dotted line at the floor.", False),
+    ("if a:\n    ax.axhline(y0, label='floor')\nelif b:\n    ax.axhline(y1, label='floor')\n",
+     "Line chart: the distances, with a dotted line at the floor.", True),  # no else
+    ("ax.axhline(y0, label='floor')\nif zeros:\n    ax.axhline(y1, label='floor', lw=2)\n",
+     "Line chart: the distances, with a dotted line at the floor.", False),
 ])
 def test_a_figure_text_naming_a_conditionally_drawn_element_fails(code, alt, flagged):
     """Chapter 4's alt text promised "a dotted line at the floor", which its code draws only
@@ -965,6 +1045,9 @@ def test_a_figure_text_naming_a_conditionally_drawn_element_fails(code, alt, fla
      {"controls_note": "it grew a hundredfold or more (from 1.2e-07 to 4.0e-05)"}, False),
     ("It is an order of magnitude slower.", {}, True),
     ("It is ten times faster or more.", {}, False),  # 'or more' about no magnitude word
+    ("As in chapter 3, the controls grew by orders of magnitude.", {}, True),  # no factor
+    ("As in section 2, it grew a hundredfold or more (312 times).", {}, False),
+    ("In float64 it shrinks by orders of magnitude.", {}, False),  # a digit in a word counts
 ])
 def test_a_vague_magnitude_with_no_number_in_its_sentence_fails(markdown, glued, flagged):
     page = _glued_page(markdown, "x\n", glued)
