@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -222,20 +223,21 @@ REORDERINGS = ("reversed", "shuffled")
 
 #: A difference between two runs that compute the same updates counts as float round-off
 #: (the book's round-off rule, :func:`roundoff_within`; in words :func:`roundoff_rule_words`)
-#: when it is at most this many times the largest reordering control, and this many times the
-#: smallest nonzero control too when the nonzero controls are this factor squared (100) times
-#: apart or more (one diverged; :func:`controls_diverged`). Why a factor and not "no larger
-#: than the controls": two or three controls sample the spread of round-off thinly, and
+#: when it is at most this many times the largest reordering control, or, when the largest is
+#: this factor squared (100) times the typical nonzero control or more (it diverged:
+#: :func:`controls_diverged`; typical: the smaller of two, the median of more,
+#: :func:`typical_control`), at most this many times the typical one. Why a factor and not
+#: "no larger than the controls": two or three controls sample the spread of round-off thinly, and
 #: training amplifies it from update to update, so one more exact run can land a few times
 #: beyond them; a wrong accumulation rule is off by far more (1e-1 of the update and above from
 #: the first window).
 #:
-#: The rule has a cliff at 100 times apart, on purpose: controls 1e-6 and 0.99e-4 allow a
+#: The rule has a cliff at 100 times, on purpose: controls 1e-6 and 0.99e-4 allow a
 #: difference up to about 1e-3 (10 times the larger), controls 1e-6 and 1e-4 only 1e-5 (10
-#: times the smaller). Below 100 times apart both controls are taken as samples of round-off, so
-#: the larger one is the yardstick; from 100 times apart the larger is no sample of round-off
-#: but of round-off that training amplified (one reordering's trajectory diverged), which says
-#: nothing about how far an exact run may end, so only the smaller is. Two or three controls
+#: times the smaller). Below 100 times every control is taken as a sample of round-off, so
+#: the largest is the yardstick; from 100 times the largest is no sample of round-off but of
+#: round-off that training amplified (one reordering's trajectory diverged), which says
+#: nothing about how far an exact run may end, so only the typical one is. Two or three controls
 #: cannot tell how much of a spread below 100 times is divergence already; a smooth rule would
 #: need that, so the book keeps the cliff and says which control it judged against
 #: (:func:`roundoff_verdict`).
@@ -280,8 +282,8 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
 
     Returns:
         ``difference / max(controls)``; round-off by the book's rule needs at most
-        :data:`ROUNDOFF_FACTOR` (and, when one control diverged, at most that many times the
-        smallest nonzero control too: :func:`roundoff_within`). If every control is 0: 0 for
+        :data:`ROUNDOFF_FACTOR` (and, when the largest control diverged, at most that many
+        times the typical nonzero control: :func:`roundoff_within`). If every control is 0: 0 for
         a zero difference, else inf.
 
     Raises:
@@ -324,25 +326,40 @@ def times_words(ratio: float, whom: str) -> str:
 
 
 def controls_diverged(controls: Sequence[float]) -> bool:
-    """Whether the nonzero reordering controls (at least two of them) are
-    ``ROUNDOFF_FACTOR ** 2`` (100) times apart or more: training amplified one reordering's
-    round-off, so the largest control is no yardstick for round-off. A control of 0 (bit for
-    bit) diverged from nothing and is left out, so it hides no divergence of the others:
-    ``[0, 1e-6, 1e-3]`` diverged, ``[0, 1e-3]`` did not.
+    """Whether the largest reordering control is ``ROUNDOFF_FACTOR ** 2`` (100) times the
+    typical nonzero control or more (:func:`typical_control`: the smaller of two, the median
+    of more): training amplified that reordering's round-off, so the largest control is no
+    yardstick for round-off. A control of 0 (bit for bit) diverged from nothing and is left
+    out, so it hides no divergence of the others: ``[0, 1e-6, 1e-3]`` diverged, ``[0, 1e-3]``
+    did not. The median, not the smallest, of three or more: a control that ends near 0 by
+    chance (a loss gap can) makes no other control a divergence (``[1.8e-9, 2.5e-5, 2.5e-5]``
+    did not diverge).
 
-    At exactly 100 times apart the controls count as diverged: the rule has a cliff there
-    (see :data:`ROUNDOFF_FACTOR`).
+    At exactly 100 times the controls count as diverged: the rule has a cliff there (see
+    :data:`ROUNDOFF_FACTOR`).
 
     Raises:
         ValueError: for no controls, or a negative, infinite or NaN control.
     """
     nonzero = [c for c in _checked_controls(controls) if c > 0]
-    return len(nonzero) > 1 and max(nonzero) >= ROUNDOFF_FACTOR**2 * min(nonzero)
+    return len(nonzero) > 1 and max(nonzero) >= ROUNDOFF_FACTOR**2 * typical_control(nonzero)
+
+
+def typical_control(controls: Sequence[float]) -> float:
+    """The typical size of the nonzero reordering controls: the smaller of two, the lower
+    median of more (``statistics.median_low``), 0 when all are 0.
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN control.
+    """
+    nonzero = [c for c in _checked_controls(controls) if c > 0]
+    return statistics.median_low(nonzero) if nonzero else 0.0
 
 
 def roundoff_yardstick(controls: Sequence[float]) -> float:
     """The control the book's round-off rule judges a difference against: the largest, or the
-    smallest nonzero one when the nonzero controls diverged (:func:`controls_diverged`). The
+    typical nonzero one (:func:`typical_control`) when the largest diverged
+    (:func:`controls_diverged`). The
     rule (:func:`roundoff_within`) is ``difference <= ROUNDOFF_FACTOR * roundoff_yardstick``.
 
     Args:
@@ -357,7 +374,7 @@ def roundoff_yardstick(controls: Sequence[float]) -> float:
     """
     values = _checked_controls(controls)
     if controls_diverged(values):
-        return min(c for c in values if c > 0)
+        return typical_control(values)
     return max(values)
 
 
@@ -365,8 +382,8 @@ def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
     """The book's round-off rule, as :func:`roundoff_verdict` words it and
     :func:`roundoff_rule_words` states it: ``difference`` is at most :data:`ROUNDOFF_FACTOR`
     times the largest control (:func:`roundoff_ratio`), and at most that many times the
-    smallest nonzero control too when :func:`controls_diverged` (which has a cliff at 100 times
-    apart: :data:`ROUNDOFF_FACTOR`).
+    typical nonzero control (:func:`typical_control`) when the largest diverged
+    (:func:`controls_diverged`, which has a cliff at 100 times: :data:`ROUNDOFF_FACTOR`).
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
@@ -384,22 +401,23 @@ def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
 
 def roundoff_rule_words() -> str:
     """The book's round-off rule (:func:`roundoff_within`) in a reader's words, the diverged
-    controls included, e.g. "at most 10 times the largest reordering control, and at most 10
-    times the smallest nonzero one too when the nonzero controls are 100 or more times apart
-    (one diverged)"."""
-    return (f"at most {ROUNDOFF_FACTOR} times the largest reordering control, and at most "
-            f"{ROUNDOFF_FACTOR} times the smallest nonzero one too when the nonzero controls "
-            f"are {ROUNDOFF_FACTOR**2} or more times apart (one diverged)")
+    controls included: "at most 10 times the largest reordering control; when that one is 100
+    or more times the typical nonzero one (the smaller of two, the median of more), it
+    diverged, and the rule is at most 10 times the typical one"."""
+    return (f"at most {ROUNDOFF_FACTOR} times the largest reordering control; when that one is "
+            f"{ROUNDOFF_FACTOR**2} or more times the typical nonzero one (the smaller of two, the "
+            f"median of more), it diverged, and the rule is at most {ROUNDOFF_FACTOR} times the "
+            "typical one")
 
 
 def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
     """The book's round-off rule in words: ``difference`` against the reordering controls.
 
     Within the rule (:func:`roundoff_within`) means at most :data:`ROUNDOFF_FACTOR` times the
-    largest control (:func:`roundoff_ratio`). When the nonzero controls are at least
-    ``ROUNDOFF_FACTOR ** 2`` times apart (:func:`controls_diverged`), training amplified one
-    reordering's round-off, so the largest is no yardstick for round-off, and within the rule
-    also needs at most ``ROUNDOFF_FACTOR`` times the smallest nonzero control.
+    largest control (:func:`roundoff_ratio`). When the largest is at least
+    ``ROUNDOFF_FACTOR ** 2`` times the typical nonzero control (:func:`controls_diverged`),
+    training amplified that reordering's round-off, so it is no yardstick for round-off, and
+    within the rule needs at most ``ROUNDOFF_FACTOR`` times the typical one.
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
@@ -418,9 +436,9 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         control" for one control, "the larger" for two, "the largest" for more), or "...
         more than the book's round-off rule (at most 10 times) allows" beyond it. Controls
         100 or more times apart: "the reordering controls are 4,000 times apart (one
-        diverged), so judged against the smaller: 0.88 times it: within ..." ("the smallest",
-        "some diverged" for more than two; "the nonzero reordering controls are ... so judged
-        against the smaller nonzero one" when a control is 0). A difference of 0 beside
+        diverged), so judged against the smaller: 0.88 times it: within ..." (for more than two
+        "the largest reordering control is 2,000 times their median (it diverged), so judged
+        against the median: ..."; "nonzero" in both when a control is 0). A difference of 0 beside
         nonzero controls: "equal to its reference bit for bit, closer than ...". Controls all
         0 (bit for bit): "equal to its reference, as the reordering controls are: within ..."
         or "not equal to its reference, though the reordering controls are: more than ...".
@@ -446,15 +464,19 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
     if math.isinf(ratio):
         verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
     elif controls_diverged(values):
-        smallest = min(nonzero)
-        least, diverged = (("the smaller", "one diverged") if len(nonzero) == 2 else
-                           ("the smallest", "some diverged"))
-        which = "the reordering controls"
+        typical = typical_control(values)
+        if len(nonzero) == 2:
+            apart = (f"the reordering controls are {ratio_digits(largest / typical)} times apart "
+                     "(one diverged)")
+            least = "the smaller"
+        else:
+            apart = (f"the largest reordering control is {ratio_digits(largest / typical)} "
+                     "times their median (it diverged)")
+            least = "the median"
         if len(nonzero) < len(values):  # a control of 0 is not the one judged against
-            which, least = "the nonzero reordering controls", f"{least} nonzero one"
-        verdict = (f"{which} are {ratio_digits(largest / smallest)} times apart "
-                   f"({diverged}), so judged against {least}: "
-                   f"{times_words(d / smallest, 'it')}: {verdict}")
+            apart = apart.replace("reordering control", "nonzero reordering control")
+            least = f"{least} nonzero one"
+        verdict = f"{apart}, so judged against {least}: {times_words(d / typical, 'it')}: {verdict}"
     else:
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
