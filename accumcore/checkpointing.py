@@ -408,14 +408,14 @@ class SkipTrainedBatches(keras.callbacks.Callback):
 class ExactBackupAndRestore(SkipTrainedBatches):
     """Back up mid-epoch and resume ``fit`` exactly, without re-training seen batches.
 
-    A drop-in alternative to ``keras.callbacks.BackupAndRestore`` for an integer
-    ``save_freq``. It saves a Keras weights file (``model.save_weights``: in Keras 3 the
-    model's weights, the optimizer's variables and, for :class:`~accumcore.AccumModel`, the
-    accumulation state with a half-full window) plus a small JSON file with the epoch and the
-    number of its batches already trained. On the next ``fit`` it restores all of it (the
-    optimizer built first) and skips exactly those batches of that epoch
-    (see :class:`SkipTrainedBatches`). ``fit`` must start at the saved epoch: pass
-    ``initial_epoch=callback.initial_epoch`` (or use :func:`fit_resumable`).
+    An alternative to ``keras.callbacks.BackupAndRestore`` for an integer ``save_freq``
+    which, unlike it, needs the saved epoch passed to ``fit``:
+    ``initial_epoch=callback.initial_epoch`` (or use :func:`fit_resumable`). It saves a Keras
+    weights file (``model.save_weights``: in Keras 3 the model's weights, the optimizer's
+    variables and, for :class:`~accumcore.AccumModel`, the accumulation state with a half-full
+    window) plus a small JSON file with the epoch and the number of its batches already
+    trained. On the next ``fit`` it restores all of it (the optimizer built first) and skips
+    exactly those batches of that epoch (see :class:`SkipTrainedBatches`).
 
     Args:
         backup_dir: a directory used only by this callback.

@@ -59,10 +59,11 @@ class WindowFlushCallback(keras.callbacks.Callback):
     made by hand: one update with the window's true weight, as ``fit`` at the large batch
     makes); and if a non-finite window stopped training (``nonfinite="raise"``, the default) it
     raises :class:`~accumcore.NonFiniteGradientError`, the same error and message as ``fit``
-    after ``accumulate``. The check reads the state once per epoch (before validation and
-    before the end-of-epoch policy) and at the end of training, never per batch: a stopped
-    state discards every later window, and the error says how many micro-batches it left
-    unused. A previous run's stop is cleared when training begins (logged), as ``fit`` does.
+    after ``accumulate``, except for the variable's name. The check reads the state once per
+    epoch (before validation and before the end-of-epoch policy) and at the end of training,
+    never per batch: a stopped state discards every later window, and the error says how many
+    micro-batches it left unused. A previous run's stop is cleared when training begins
+    (logged), as ``fit`` does.
 
     ``fit`` (of an ``AccumModel`` or a model given ``accumulate``) adds it first in the list,
     so that a partial window is flushed *before* validation and before other callbacks
