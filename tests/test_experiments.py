@@ -297,13 +297,13 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     # one control far above the other (training amplified one reordering): the smaller one
     # says how the run compares with round-off that stayed small
     assert ex.roundoff_verdict(5.3e-7, [1.6e-2, 7.1e-7]) == (
-        "the reordering controls are 22,535 times apart (one diverged), so judged against the "
-        f"smaller: 0.75 times it: within {rule}")
+        "the reordering controls are 22,535 times apart, so judged against the "
+        f"smaller too: 0.75 times it: within {rule}")
     assert ex.roundoff_verdict(4.0e-7, [4.6e-7, 4.0e-7]) == (  # never "(1 times the smaller)"
         "below the larger reordering control (equal to the smaller to two significant digits): "
         f"within {rule}")
     assert ex.roundoff_verdict(2e-6, [1.6e-2, 1e-6]).endswith(
-        f"judged against the smaller: 2 times it: within {rule}")
+        f"judged against the smaller too: 2 times it: within {rule}")
     assert ex.roundoff_verdict(1e-5, [2e-4]).startswith("0.05 times the reordering control")
     at_rule = ex.roundoff_verdict(ex.ROUNDOFF_FACTOR * 1e-4, [1e-4])
     assert at_rule.endswith(f"within {rule}")
@@ -315,11 +315,11 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     assert "unused" not in ex.roundoff_verdict(1e-4, [2e-4], beyond="unused")
     # the smaller control is worded by the same rule as the larger: whole numbers from 100
     assert ex.roundoff_verdict(1.5e-4, [1e-3, 1e-5]) == (
-        "the reordering controls are 100 times apart (one diverged), so judged against the "
-        f"smaller: 15 times it: more than {rule} allows")
+        "the reordering controls are 100 times apart, so they do not settle the size of "
+        f"round-off: 0.15 times the larger, 15 times the smaller: {rule} cannot decide")
     assert ex.roundoff_verdict(1.2e-1, [1e3, 1e-6]).startswith(
-        "the reordering controls are 1,000,000,000 times apart (one diverged), so judged "
-        "against the smaller: 120,000 times it: more than")
+        "the reordering controls are 1,000,000,000 times apart, so they do not settle the size "
+        "of round-off: 0.00012 times the larger, 120,000 times the smaller: ")
     assert ex.roundoff_verdict(1e-9, [1e-3]).startswith(
         "less than 0.0001 times the reordering control: within")  # never "1e-06 times"
     assert ex.roundoff_verdict(0.0, [1e-6, 2e-6]) == (
@@ -340,29 +340,36 @@ def test_roundoff_verdict_judges_against_the_smaller_control_when_one_diverged()
     # 1e-6; 1e-3 is 0.056 times the larger but 1,000 times the round-off that stayed small
     diverged = ex.roundoff_verdict(1e-3, [1.8e-2, 1e-6], beyond="not round-off")
     assert diverged == (
-        "the reordering controls are 18,000 times apart (one diverged), so judged against the "
-        f"smaller: 1,000 times it: more than {rule} allows; not round-off")
+        "the reordering controls are 18,000 times apart, so they do not settle the size of "
+        "round-off: 0.056 times the larger, 1,000 times the smaller: "
+        f"{rule} cannot decide; not round-off")
+    assert ex.roundoff_judgement(1e-3, [1.8e-2, 1e-6]) == "undecided"
+    assert ex.roundoff_judgement(0.5, [1.8e-2, 1e-6]) == "beyond"
+    assert ex.roundoff_verdict(0.5, [1.8e-2, 1e-6]) == (
+        "the reordering controls are 18,000 times apart: 28 times the larger, 500,000 times the "
+        f"smaller: more than {rule} allows")
     assert ex.roundoff_verdict(8.8e-7, [1.8e-2, 1e-6]) == (
-        "the reordering controls are 18,000 times apart (one diverged), so judged against the "
-        f"smaller: 0.88 times it: within {rule}")
+        "the reordering controls are 18,000 times apart, so judged against the smaller too: "
+        f"0.88 times it: within {rule}")
     # at the factor squared the controls count as apart; just below it the larger is the rule
     assert "apart" in ex.roundoff_verdict(5e-5, [1e-4, 1e-6])
-    assert ex.roundoff_verdict(5e-5, [1e-4, 1e-6]).endswith(f"more than {rule} allows")
+    assert ex.roundoff_verdict(5e-5, [1e-4, 1e-6]).endswith(f"{rule} cannot decide")
     assert ex.roundoff_verdict(5e-5, [0.99e-4, 1e-6]) == (
         f"below the larger reordering control (50 times the smaller): within {rule}")
     # more than two controls: the largest against their median
     assert ex.roundoff_verdict(3e-6, [2e-2, 1e-6, 2e-6]) == (
-        "the largest reordering control is 10,000 times their median (it diverged), so judged "
-        f"against the median: 1.5 times it: within {rule}")
+        "the largest reordering control is 10,000 times their median, so judged against the "
+        f"median too: 1.5 times it: within {rule}")
     # chapter 5's loss gaps: one control ends near 0 by chance; the other two agree, so none
     # diverged and the largest stays the yardstick (the smallest rule called this "diverged")
     assert not ex.controls_diverged([1.8e-9, 2.5e-5, 2.5e-5])
     assert ex.roundoff_within(2.5e-5, [1.8e-9, 2.5e-5, 2.5e-5])
     assert ex.typical_control([1.8e-9, 2.5e-5, 2.4e-5]) == 2.4e-5
     assert ex.typical_control([0.0, 3e-6, 1e-6]) == 1e-6 and ex.typical_control([0.0]) == 0.0
-    # the rule at 10 times the smaller is within, just beyond it is not
+    # the rule at 10 times the smaller is within, just beyond it undecided
     assert ex.roundoff_verdict(10.0, [1e4, 1.0]).endswith(f"10 times it: within {rule}")
-    assert ex.roundoff_verdict(12.0, [1e4, 1.0]).endswith(f"12 times it: more than {rule} allows")
+    assert ex.roundoff_verdict(12.0, [1e4, 1.0]).endswith(
+        f"12 times the smaller: {rule} cannot decide")
     # a control of 0 reproduced the reference bit for bit: it diverged from nothing, so the
     # nonzero control stays the yardstick (as before)
     assert ex.roundoff_verdict(1e-3, [1e-3 / 2, 0.0]) == (
@@ -426,11 +433,12 @@ def test_a_zero_control_hides_no_divergence_of_the_others():
     assert not ex.roundoff_within(5e-4, [0.0, 1e-6, 1e-3])
     assert ex.roundoff_within(5e-6, [0.0, 1e-6, 1e-3])
     assert ex.roundoff_verdict(5e-4, [0.0, 1e-6, 1e-3], beyond="not round-off") == (
-        "the nonzero reordering controls are 1,000 times apart (one diverged), so judged "
-        f"against the smaller nonzero one: 500 times it: more than {rule} allows; not round-off")
+        "the nonzero reordering controls are 1,000 times apart, so they do not settle the size "
+        "of round-off: 0.5 times the larger, 500 times the smaller nonzero one: "
+        f"{rule} cannot decide; not round-off")
     assert ex.roundoff_verdict(5e-6, [1e-3, 0.0, 1e-6, 2e-6]) == (
-        "the largest nonzero reordering control is 500 times their median (it diverged), so "
-        f"judged against the median nonzero one: 2.5 times it: within {rule}")
+        "the largest nonzero reordering control is 500 times their median, so judged against "
+        f"the median nonzero one too: 2.5 times it: within {rule}")
 
 
 def test_the_rule_has_a_cliff_at_100_times_apart():
@@ -455,8 +463,14 @@ def test_roundoff_within_agrees_with_the_verdict_over_a_grid():
         for d in differences:
             within = ex.roundoff_within(d, controls)
             words = ex.roundoff_verdict(d, controls)
-            assert words.endswith(f"within {rule}" if within else f"more than {rule} allows"), (
-                d, controls, words)
+            judgement = ex.roundoff_judgement(d, controls)
+            ending = {"within": f"within {rule}", "undecided": f"{rule} cannot decide",
+                      "beyond": f"more than {rule} allows"}[judgement]
+            assert words.endswith(ending), (d, controls, words)
+            assert within == (judgement == "within")
+            # undecided only when the controls disagree and the largest alone would pass
+            assert (judgement == "undecided") == (
+                not within and diverged and d <= ex.ROUNDOFF_FACTOR * max(controls))
             said = "times apart" in words or "times their median" in words
             assert said == (diverged and d > 0), (d, controls, words)
             # the rule is one comparison with the control it judges against
@@ -469,4 +483,4 @@ def test_roundoff_rule_words_state_the_whole_rule():
     words = ex.roundoff_rule_words()
     assert words.startswith(f"at most {ex.ROUNDOFF_FACTOR} times the largest reordering control")
     assert f"{ex.ROUNDOFF_FACTOR ** 2} or more times the typical" in words
-    assert "typical nonzero" in words and "median" in words and "diverged" in words
+    assert "typical nonzero" in words and "median" in words and "cannot decide" in words

@@ -222,24 +222,22 @@ REORDERINGS = ("reversed", "shuffled")
 
 
 #: A difference between two runs that compute the same updates counts as float round-off
-#: (the book's round-off rule, :func:`roundoff_within`; in words :func:`roundoff_rule_words`)
-#: when it is at most this many times the largest reordering control, or, when the largest is
-#: this factor squared (100) times the typical nonzero control or more (it diverged:
-#: :func:`controls_diverged`; typical: the smaller of two, the median of more,
-#: :func:`typical_control`), at most this many times the typical one. Why a factor and not
-#: "no larger than the controls": two or three controls sample the spread of round-off thinly, and
-#: training amplifies it from update to update, so one more exact run can land a few times
-#: beyond them; a wrong accumulation rule is off by far more (1e-1 of the update and above from
-#: the first window).
+#: (the book's round-off rule, :func:`roundoff_judgement`; in words :func:`roundoff_rule_words`)
+#: when it is at most this many times the largest reordering control. Why a factor and not
+#: "no larger than the controls": two or three controls sample the spread of round-off
+#: thinly, and training amplifies it from update to update, so one more exact run can land a
+#: few times beyond them; a wrong accumulation rule is off by far more (1e-1 of the update and
+#: above from the first window).
 #:
-#: The rule has a cliff at 100 times, on purpose: controls 1e-6 and 0.99e-4 allow a
-#: difference up to about 1e-3 (10 times the larger), controls 1e-6 and 1e-4 only 1e-5 (10
-#: times the smaller). Below 100 times every control is taken as a sample of round-off, so
-#: the largest is the yardstick; from 100 times the largest is no sample of round-off but of
-#: round-off that training amplified (one reordering's trajectory diverged), which says
-#: nothing about how far an exact run may end, so only the typical one is. Two or three controls
-#: cannot tell how much of a spread below 100 times is divergence already; a smooth rule would
-#: need that, so the book keeps the cliff and says which control it judged against
+#: When the largest control is this factor squared (100) times the typical nonzero one or more
+#: (:func:`controls_diverged`; typical: the smaller of two, the median of more,
+#: :func:`typical_control`), the controls disagree on the size of round-off: within then needs
+#: at most this many times the typical one, and a difference between that and this many times
+#: the largest is undecided. The rule has a cliff at 100 times, on purpose: controls 1e-6 and
+#: 0.99e-4 call a difference up to about 1e-3 within (10 times the larger), controls 1e-6 and
+#: 1e-4 only up to 1e-5 (10 times the smaller; up to 1e-3 undecided). Two or three controls
+#: cannot tell how much of a spread below 100 times is disagreement already; a smooth rule
+#: would need that, so the book keeps the cliff and says which control it judged against
 #: (:func:`roundoff_verdict`).
 ROUNDOFF_FACTOR = 10
 
@@ -282,8 +280,8 @@ def roundoff_ratio(difference: float, controls: Sequence[float]) -> float:
 
     Returns:
         ``difference / max(controls)``; round-off by the book's rule needs at most
-        :data:`ROUNDOFF_FACTOR` (and, when the largest control diverged, at most that many
-        times the typical nonzero control: :func:`roundoff_within`). If every control is 0: 0 for
+        :data:`ROUNDOFF_FACTOR` (and, when the controls disagree, at most that many times the
+        typical nonzero control: :func:`roundoff_judgement`). If every control is 0: 0 for
         a zero difference, else inf.
 
     Raises:
@@ -326,16 +324,18 @@ def times_words(ratio: float, whom: str) -> str:
 
 
 def controls_diverged(controls: Sequence[float]) -> bool:
-    """Whether the largest reordering control is ``ROUNDOFF_FACTOR ** 2`` (100) times the
-    typical nonzero control or more (:func:`typical_control`: the smaller of two, the median
-    of more): training amplified that reordering's round-off, so the largest control is no
-    yardstick for round-off. A control of 0 (bit for bit) diverged from nothing and is left
-    out, so it hides no divergence of the others: ``[0, 1e-6, 1e-3]`` diverged, ``[0, 1e-3]``
-    did not. The median, not the smallest, of three or more: a control that ends near 0 by
-    chance (a loss gap can) makes no other control a divergence (``[1.8e-9, 2.5e-5, 2.5e-5]``
-    did not diverge).
+    """Whether the reordering controls disagree on the size of round-off: the largest is
+    ``ROUNDOFF_FACTOR ** 2`` (100) times the typical nonzero control or more
+    (:func:`typical_control`: the smaller of two, the median of more). Training can amplify
+    one reordering's round-off far more than another's (chapter 3), or one control can end
+    unusually close (a reordering that barely changes the sums); either way the largest is
+    no yardstick for round-off on its own (:func:`roundoff_judgement`). A control of 0 (bit for
+    bit) is left out, so it hides no disagreement of the others: ``[0, 1e-6, 1e-3]`` disagree,
+    ``[0, 1e-3]`` do not. The median, not the smallest, of three or more: a control that ends
+    near 0 by chance (a loss gap can) does not make the others disagree
+    (``[1.8e-9, 2.5e-5, 2.5e-5]`` agree).
 
-    At exactly 100 times the controls count as diverged: the rule has a cliff there (see
+    At exactly 100 times the controls count as disagreeing: the rule has a cliff there (see
     :data:`ROUNDOFF_FACTOR`).
 
     Raises:
@@ -358,9 +358,9 @@ def typical_control(controls: Sequence[float]) -> float:
 
 def roundoff_yardstick(controls: Sequence[float]) -> float:
     """The control the book's round-off rule judges a difference against: the largest, or the
-    typical nonzero one (:func:`typical_control`) when the largest diverged
-    (:func:`controls_diverged`). The
-    rule (:func:`roundoff_within`) is ``difference <= ROUNDOFF_FACTOR * roundoff_yardstick``.
+    typical nonzero one (:func:`typical_control`) when the controls disagree
+    (:func:`controls_diverged`). Within the rule (:func:`roundoff_within`) is
+    ``difference <= ROUNDOFF_FACTOR * roundoff_yardstick``.
 
     Args:
         controls: how far the reordering controls end from the reference; at least one, each
@@ -378,12 +378,16 @@ def roundoff_yardstick(controls: Sequence[float]) -> float:
     return max(values)
 
 
-def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
-    """The book's round-off rule, as :func:`roundoff_verdict` words it and
-    :func:`roundoff_rule_words` states it: ``difference`` is at most :data:`ROUNDOFF_FACTOR`
-    times the largest control (:func:`roundoff_ratio`), and at most that many times the
-    typical nonzero control (:func:`typical_control`) when the largest diverged
-    (:func:`controls_diverged`, which has a cliff at 100 times: :data:`ROUNDOFF_FACTOR`).
+def roundoff_judgement(difference: float, controls: Sequence[float]) -> str:
+    """The book's round-off rule (:func:`roundoff_rule_words` states it) as one of three
+    answers.
+
+    ``"within"``: ``difference`` is at most :data:`ROUNDOFF_FACTOR` times the control the rule
+    judges against (:func:`roundoff_yardstick`: the largest, or the typical one when the
+    controls disagree, :func:`controls_diverged`). ``"undecided"``: the controls disagree and
+    ``difference`` lies between that many times the typical control and that many times the
+    largest, so the controls do not settle the size of round-off. ``"beyond"``: more than that
+    many times the largest control.
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
@@ -396,18 +400,38 @@ def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
             (the message names the argument).
     """
     d, values = _roundoff_inputs(difference, controls)
-    return d <= ROUNDOFF_FACTOR * roundoff_yardstick(values)
+    if d <= ROUNDOFF_FACTOR * roundoff_yardstick(values):
+        return "within"
+    if controls_diverged(values) and d <= ROUNDOFF_FACTOR * max(values):
+        return "undecided"
+    return "beyond"
+
+
+def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
+    """Whether :func:`roundoff_judgement` is ``"within"``: ``difference`` is at most
+    :data:`ROUNDOFF_FACTOR` times the largest control (:func:`roundoff_ratio`), and at most
+    that many times the typical nonzero control (:func:`typical_control`) when the controls
+    disagree (:func:`controls_diverged`, which has a cliff at 100 times:
+    :data:`ROUNDOFF_FACTOR`).
+
+    Raises:
+        ValueError: for no controls, or a negative, infinite or NaN difference or control
+            (the message names the argument).
+    """
+    return roundoff_judgement(difference, controls) == "within"
 
 
 def roundoff_rule_words() -> str:
-    """The book's round-off rule (:func:`roundoff_within`) in a reader's words, the diverged
-    controls included: "at most 10 times the largest reordering control; when that one is 100
-    or more times the typical nonzero one (the smaller of two, the median of more), it
-    diverged, and the rule is at most 10 times the typical one"."""
+    """The book's round-off rule (:func:`roundoff_judgement`) in a reader's words, controls that
+    disagree included: "at most 10 times the largest reordering control; when that one is 100
+    or more times the typical nonzero one (the smaller of two, the median of more), the
+    controls disagree on the size of round-off: at most 10 times the typical one is within,
+    and between that and 10 times the largest the rule cannot decide"."""
     return (f"at most {ROUNDOFF_FACTOR} times the largest reordering control; when that one is "
             f"{ROUNDOFF_FACTOR**2} or more times the typical nonzero one (the smaller of two, the "
-            f"median of more), it diverged, and the rule is at most {ROUNDOFF_FACTOR} times the "
-            "typical one")
+            "median of more), the controls disagree on the size of round-off: at most "
+            f"{ROUNDOFF_FACTOR} times the typical one is within, and between that and "
+            f"{ROUNDOFF_FACTOR} times the largest the rule cannot decide")
 
 
 def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str = "") -> str:
@@ -415,9 +439,10 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
 
     Within the rule (:func:`roundoff_within`) means at most :data:`ROUNDOFF_FACTOR` times the
     largest control (:func:`roundoff_ratio`). When the largest is at least
-    ``ROUNDOFF_FACTOR ** 2`` times the typical nonzero control (:func:`controls_diverged`),
-    training amplified that reordering's round-off, so it is no yardstick for round-off, and
-    within the rule needs at most ``ROUNDOFF_FACTOR`` times the typical one.
+    ``ROUNDOFF_FACTOR ** 2`` times the typical nonzero control (:func:`controls_diverged`), the
+    controls disagree on the size of round-off: within needs at most ``ROUNDOFF_FACTOR`` times
+    the typical one, and between that and that many times the largest the rule cannot decide
+    (:func:`roundoff_judgement`).
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
@@ -435,10 +460,14 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         the smaller to two significant digits" for 1); "the reordering
         control" for one control, "the larger" for two, "the largest" for more), or "...
         more than the book's round-off rule (at most 10 times) allows" beyond it. Controls
-        100 or more times apart: "the reordering controls are 4,000 times apart (one
-        diverged), so judged against the smaller: 0.88 times it: within ..." (for more than two
-        "the largest reordering control is 2,000 times their median (it diverged), so judged
-        against the median: ..."; "nonzero" in both when a control is 0). A difference of 0 beside
+        that disagree (:func:`controls_diverged`): "the reordering controls are 21,590 times
+        apart, so judged against the smaller too: 0.88 times it: within ...", "the reordering
+        controls are 128 times apart, so they do not settle the size of round-off: 3 times the
+        larger, 384 times the smaller: the book's round-off rule (at most 10 times) cannot
+        decide" (:func:`roundoff_judgement` "undecided"; ``beyond`` is appended), or "...: 15
+        times the larger, 1,500 times the smaller: more than ... allows" (for more than two
+        "the largest reordering control is 2,000 times their median" and "the median";
+        "nonzero" when a control is 0). A difference of 0 beside
         nonzero controls: "equal to its reference bit for bit, closer than ...". Controls all
         0 (bit for bit): "equal to its reference, as the reordering controls are: within ..."
         or "not equal to its reference, though the reordering controls are: more than ...".
@@ -459,24 +488,30 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
                 f"within {rule}")
     nonzero = [c for c in values if c > 0]
     largest = max(values)
-    within = roundoff_within(d, values)
-    verdict = f"within {rule}" if within else f"more than {rule} allows"
+    judgement = roundoff_judgement(d, values)
+    within = judgement == "within"
+    verdict = {"within": f"within {rule}", "undecided": f"{rule} cannot decide",
+               "beyond": f"more than {rule} allows"}[judgement]
     if math.isinf(ratio):
         verdict = f"not equal to its reference, though the reordering controls are: {verdict}"
     elif controls_diverged(values):
         typical = typical_control(values)
-        if len(nonzero) == 2:
-            apart = (f"the reordering controls are {ratio_digits(largest / typical)} times apart "
-                     "(one diverged)")
-            least = "the smaller"
-        else:
-            apart = (f"the largest reordering control is {ratio_digits(largest / typical)} "
-                     "times their median (it diverged)")
-            least = "the median"
+        two = len(nonzero) == 2
+        kind = ("nonzero reordering control" if len(nonzero) < len(values) else
+                "reordering control")
+        apart = (f"the {kind}s are {ratio_digits(largest / typical)} times apart" if two else
+                 f"the largest {kind} is {ratio_digits(largest / typical)} times their median")
+        big, small = ("the larger", "the smaller") if two else ("the largest", "the median")
         if len(nonzero) < len(values):  # a control of 0 is not the one judged against
-            apart = apart.replace("reordering control", "nonzero reordering control")
-            least = f"{least} nonzero one"
-        verdict = f"{apart}, so judged against {least}: {times_words(d / typical, 'it')}: {verdict}"
+            small = f"{small} nonzero one"
+        if within:
+            verdict = (f"{apart}, so judged against {small} too: "
+                       f"{times_words(d / typical, 'it')}: {verdict}")
+        else:
+            settle = (", so they do not settle the size of round-off"
+                      if judgement == "undecided" else "")
+            verdict = (f"{apart}{settle}: {times_words(ratio, big)}, "
+                       f"{times_words(d / typical, small)}: {verdict}")
     else:
         which = ("the reordering control" if len(values) == 1 else
                  "the larger reordering control" if len(values) == 2 else
