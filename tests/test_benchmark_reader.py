@@ -328,10 +328,15 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     assert "`accumulate(model, micro_batch_size=b)` with `fit(batch_size=B)` is measured in\n" \
         "{doc}`../07_memory_speed`" in page
     assert "(4) `AccumModel.fit` with `accum_steps=K` (`fit` at b" in page
-    # the commands of every part, the separate runs' included, are in the contributing guide
-    # the page links (a later reader found script paths and maintainer flags on the page)
-    assert "CONTRIBUTING.md#benchmarks" in page and "benchmarks/" not in page.split(
-        "## Reproduce", 1)[1]
+    # the one command a reader runs, and where its tables go (round-13 reader C1: no command,
+    # only "suite / contributing guide" talk); the separate runs' commands are in the guide
+    # the page links, with no maintainer flags on the page
+    reproduce = page.split("## Reproduce", 1)[1]
+    assert "bash scripts/setup.sh && .venv/bin/python benchmarks/run.py\n" in reproduce
+    assert "`benchmarks/READER.md`" in reproduce
+    assert "CONTRIBUTING.md#benchmarks" in reproduce
+    assert "--" not in reproduce.replace("```", "") and "suite" not in reproduce
+    assert "contributing guide" not in reproduce
     with open(os.path.join(ROOT, "CONTRIBUTING.md"), encoding="utf-8") as f:
         guide = f.read().split("## Benchmarks", 1)[1]
     for script in ("run.py --only breakdown --merge", "nonfinite_cost.py", "accumulate_lm.py"):
@@ -358,5 +363,5 @@ def test_the_reader_page_claims_no_speed_or_memory_cause_it_does_not_measure(tmp
     for r in xla_rows:
         r["skipped"] = "XLA on CPU convolutions"
     lines = report._reader_throughput_tables(results)
-    xla = [line for line in lines if "XLA" in line]
+    xla = [line for line in lines if line.startswith("- ") and "XLA" in line]
     assert xla and all("far slower" not in line and "not measured here" in line for line in xla)
