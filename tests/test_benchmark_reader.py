@@ -332,7 +332,7 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     # only "suite / contributing guide" talk); the separate runs' commands are in the guide
     # the page links, with no maintainer flags on the page
     reproduce = page.split("## Reproduce", 1)[1]
-    assert "bash scripts/setup.sh && .venv/bin/python benchmarks/run.py\n" in reproduce
+    assert "pip install -r requirements.txt -e . && python benchmarks/run.py\n" in reproduce
     assert "`benchmarks/READER.md`" in reproduce
     assert "CONTRIBUTING.md#benchmarks" in reproduce
     assert "--" not in reproduce.replace("```", "") and "suite" not in reproduce
