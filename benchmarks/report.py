@@ -533,10 +533,14 @@ _MEMORY_NOTE = (
     "its activations. Peaks of one configuration can differ by a few MiB from run to run "
     "(thread scheduling changes which buffers are alive at the same time; window_step at "
     "K=16 peaked at 67.9 and 71.0 MiB in two runs of the same code during development).")
-#: Where :data:`_MEMORY_NOTE`'s example of two runs starts: the reader's page, which shows one
-#: run, ends the sentence there.
-_MEMORY_NOTE_RUNS = "; window_step at K=16 peaked"
-_READER_MEMORY_RUNS = ")."
+#: The reader's page shows one run and no activation sizes: it says how the inputs are held,
+#: that each peak was measured once, and gives no cause it does not measure.
+_READER_MEMORY_NOTE = (
+    "`window_step` receives the whole batch of K·b samples and slices it inside the graph, "
+    "so it holds K·b inputs; the loop and `AccumModel` receive one micro-batch at a time. "
+    "Each peak was measured once, in a fresh process: this run repeats none of them, so it "
+    "shows no spread for them, and why even plain batch b peaks where it does (the "
+    "convolution kernels' working buffers, for instance) is not measured here.")
 
 
 def _memory_section(results: dict[str, Any], plot_prefix: str) -> list[str]:
@@ -923,8 +927,9 @@ def _reader_ratios_plot(plot_prefix: str) -> list[str]:
     return ["#### Ratios per cell", "",
             "Three ratios of the summary above for each (model, b, K) cell: (4)/(3), the "
             "fastest of (5)/(6) over its floor (8), and the fastest accumcore path over plain "
-            "fit at B (2), each with the fastest configuration it names; the dashed line "
-            "marks 1, as fast. The other ratios are in the summary only.", "",
+            "fit at B (2); the dashed line marks 1, as fast. Which configuration was the "
+            "fastest in a cell is in the throughput table above. The other ratios are in the "
+            "summary only.", "",
             f"![Each ratio of the summary for every (model, b, K) cell, against a dashed line "
             f"at 1]({plot_prefix}ratios.png)", ""]
 
@@ -965,8 +970,9 @@ def _separate_run(created: str | None) -> str:
 
 def _check_cost_sentence(record: dict[str, Any]) -> str:
     """What the first two paired columns say about the check's cost, per steps_per_execution:
-    both medians with their intervals; a cost where the intervals are apart, the noise where
-    they overlap, and where the run without the check was the slower one, that sign."""
+    both medians with their intervals, and one rule for every setting: a cost where the
+    intervals are apart, the noise where they overlap (whichever median is lower), no cost
+    where they are apart the other way."""
     overlap, apart, opposite = [], [], []
     for spe, kinds in record["by_spe"].items():
         if "accumcore" not in kinds or "accumcore_unchecked" not in kinds:
@@ -980,13 +986,12 @@ def _check_cost_sentence(record: dict[str, Any]) -> str:
         elif unchecked["high"] < checked["low"]:
             opposite.append(said)
         else:
-            overlap.append(said + (" (without the check the median is lower: the opposite "
-                                   "sign of a cost)" if unchecked["median"] < checked["median"]
-                                   else ""))
+            overlap.append(said)
     parts = []
     if overlap:
         parts.append("at steps_per_execution " + "; ".join(overlap) + ", the two intervals "
-                     "overlap: the check's cost is within the noise of this run there, and "
+                     + ("overlap at each setting" if len(overlap) > 1 else "overlap")
+                     + ": the check's cost is within the noise of this run there, and "
                      "the difference of the medians says nothing about it")
     if apart:
         parts.append("at steps_per_execution " + "; ".join(apart) + ", the intervals are "
@@ -1076,7 +1081,7 @@ def _reader_memory(results: dict[str, Any], plot_prefix: str) -> list[str]:
     plain = table.get("plain", {})
     flat = [max(p.values()) / min(p.values()) for m, p in table.items()
             if m != "plain" and len(p) > 1]
-    note = _MEMORY_NOTE[:_MEMORY_NOTE.index(_MEMORY_NOTE_RUNS)] + _READER_MEMORY_RUNS
+    note = _READER_MEMORY_NOTE
     if len(plain) > 1 and flat:
         lo, hi = min(plain), max(plain)
         lines += [f"Plain training at B = K·b grew {plain[hi] / plain[lo]:.1f} times from K={lo} "
@@ -1155,8 +1160,8 @@ def _reader_throughput_tables(results: dict[str, Any]) -> list[str]:
             lines.append(_with_spe(line, results))
         elif "_xla" in line:
             lines.append("- Not timed on a CPU: this model's configurations compiled with XLA "
-                         "(`jit_compile=True`), which runs its convolution gradients far "
-                         "slower than TensorFlow's own CPU kernels; XLA is timed for the MLP.")
+                         "(`jit_compile=True`); XLA is timed for the MLP only, and how XLA "
+                         "does on this convolutional network is not measured here.")
         else:
             lines.append("- Some configurations of this model were not timed in this run.")
     return lines

@@ -161,8 +161,17 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
     sentence = report._check_cost_sentence(overlapping)
     assert "overlap: the check's cost is within the noise" in sentence
     assert "0.966 [0.923, 0.989] with the check, 0.933 [0.911, 0.988] without" in sentence
-    # the run without the check was the slower one: the page says it is the opposite sign
-    assert "without the check the median is lower: the opposite sign of a cost" in sentence
+    # overlapping intervals are the noise whichever median is lower: no sign read into them
+    assert "opposite sign" not in sentence and "median is lower" not in sentence
+    # one rule for both settings (round-13 reader D9): both overlap, one verdict for both
+    both = {"by_spe": {"1": overlapping["by_spe"]["1"], "32": {
+        "accumcore": {"paired": {"median": 0.954, "low": 0.930, "high": 0.969}},
+        "accumcore_unchecked": {"paired": {"median": 0.959, "low": 0.926, "high": 0.987}}}}}
+    sentence = report._check_cost_sentence(both)
+    assert ("1: 0.966 [0.923, 0.989] with the check, 0.933 [0.911, 0.988] without; 32: 0.954 "
+            "[0.930, 0.969] with the check, 0.959 [0.926, 0.987] without, the two intervals "
+            "overlap at each setting: the check's cost is within the noise") in sentence
+    assert "opposite" not in sentence
     assert "costs" not in sentence
     # apart the other way: never "overlap", never a cost
     reversed_apart = {"by_spe": {"1": {
@@ -319,10 +328,15 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     assert "`accumulate(model, micro_batch_size=b)` with `fit(batch_size=B)` is measured in\n" \
         "{doc}`../07_memory_speed`" in page
     assert "(4) `AccumModel.fit` with `accum_steps=K` (`fit` at b" in page
-    # the commands of every part, the separate runs' included, are in the contributing guide
-    # the page links (a later reader found script paths and maintainer flags on the page)
-    assert "CONTRIBUTING.md#benchmarks" in page and "benchmarks/" not in page.split(
-        "## Reproduce", 1)[1]
+    # the one command a reader runs, and where its tables go (round-13 reader C1: no command,
+    # only "suite / contributing guide" talk); the separate runs' commands are in the guide
+    # the page links, with no maintainer flags on the page
+    reproduce = page.split("## Reproduce", 1)[1]
+    assert "pip install -r requirements.txt -e . && python benchmarks/run.py\n" in reproduce
+    assert "`benchmarks/READER.md`" in reproduce
+    assert "CONTRIBUTING.md#benchmarks" in reproduce
+    assert "--" not in reproduce.replace("```", "") and "suite" not in reproduce
+    assert "contributing guide" not in reproduce
     with open(os.path.join(ROOT, "CONTRIBUTING.md"), encoding="utf-8") as f:
         guide = f.read().split("## Benchmarks", 1)[1]
     for script in ("run.py --only breakdown --merge", "nonfinite_cost.py", "accumulate_lm.py"):
@@ -330,3 +344,24 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
         assert os.path.isfile(os.path.join(ROOT, "benchmarks", script.split()[0])), script
     with open(report.READER_PAGE, encoding="utf-8") as f:
         assert "every entry point" not in f.read()
+
+
+def test_the_reader_page_claims_no_speed_or_memory_cause_it_does_not_measure(tmp_path):
+    """Round-13 reader A3, A4, A5: no speed verdict on XLA's convolutions (never timed), no
+    cause or run-to-run spread of memory peaks (each measured once), and the ratios figure is
+    not said to name configurations it does not name."""
+    out = _full_fake_run(tmp_path / "run")
+    text = open(report.write_reader_page([out], os.path.join(out, "READER.md")),
+                encoding="utf-8").read()
+    for claim in ("far slower", "scratch buffers", "far above its activations",
+                  "from run to run", "each with the fastest configuration it names"):
+        assert claim not in text, claim
+    assert "Each peak was measured once, in a fresh process" in text
+    results = fake_results()
+    xla_rows = [r for r in results["throughput"] if r["config"].endswith("_xla")]
+    assert xla_rows
+    for r in xla_rows:
+        r["skipped"] = "XLA on CPU convolutions"
+    lines = report._reader_throughput_tables(results)
+    xla = [line for line in lines if line.startswith("- ") and "XLA" in line]
+    assert xla and all("far slower" not in line and "not measured here" in line for line in xla)

@@ -580,8 +580,11 @@ def paired_ratio(reference: Sequence[float], seconds: Sequence[float], *,
         seed: the resampling's seed (the interval is reproducible).
 
     Returns:
-        ``{"median": the median per-round ratio, "low", "high": its 95 % bootstrap interval
-        (percentile method), "rounds": n}``; a ratio above 1 means faster than the reference.
+        A dict of four keys (a ratio above 1 means faster than the reference).
+
+        * ``"median"``: the median of the per-round ratios;
+        * ``"low"``, ``"high"``: its 95 % bootstrap interval (percentile method);
+        * ``"rounds"``: the number of rounds.
     """
     if len(reference) != len(seconds) or not len(seconds):
         raise ValueError(f"paired_ratio needs the same, non-zero number of rounds: "

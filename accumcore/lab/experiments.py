@@ -742,9 +742,9 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
-        progress: called with that line too, also when ``verbose`` is false; the default
-            prints nothing. Pass ``print`` or your own logger to follow a long run; ``None``:
-            not called.
+        progress: called with that line too, also when ``verbose`` is false. The default,
+            ``book_progress`` (the book's own logger), prints nothing. Pass ``print`` or your
+            own logger to follow a long run; ``None``: not called.
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -998,10 +998,16 @@ def train_accumulated(
             fastest for long runs, ``"function"`` traces faster for short ones.
 
     Returns:
-        ``{"val_loss": nats, "val_accuracy": fraction, "diverged": bool, "updates": int,
-        "seconds": wall time of training, "val_loss_by_epoch": [nats] and
-        "val_accuracy_by_epoch": [fraction], one per epoch}``; loss and accuracy are NaN
-        when the run diverged (from the epoch in which it diverged on).
+        A dict with these keys (loss and accuracy are NaN when the run diverged, from the
+        epoch in which it diverged on).
+
+        * ``"val_loss"``: the final validation loss, in nats;
+        * ``"val_accuracy"``: the final validation accuracy, a fraction;
+        * ``"diverged"``: bool, whether the run diverged;
+        * ``"updates"``: int, the optimizer updates made;
+        * ``"seconds"``: the wall time of training;
+        * ``"val_loss_by_epoch"`` (nats) and ``"val_accuracy_by_epoch"`` (fractions): lists,
+          one value per epoch.
     """
     runner = _AccumRunner(optimizer, micro_batch, accum_steps, warmup_steps=warmup_steps,
                           build_model=build_model, seed=seed, mode=mode)
@@ -1158,8 +1164,9 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
-        progress: called with a one-line message after each run; the default prints nothing.
-            Pass ``print`` or your own logger to follow a long run; ``None``: not called.
+        progress: called with a one-line message after each run. The default,
+            ``book_progress`` (the book's own logger), prints nothing. Pass ``print`` or your
+            own logger to follow a long run; ``None``: not called.
 
     Returns:
         A :class:`SweepResult`.

@@ -612,8 +612,10 @@ def keras_gradient_accumulation(p: Problem) -> keras.Model:
     """Keras's own ``gradient_accumulation_steps=K`` optimizer argument, via ``train_on_batch``.
 
     Keras averages the K raw gradients with weight 1/K (ragged micro-batches: mean of means),
-    keeps a partial window in its accumulators until K more micro-batches arrive (here: never
-    applied), and evaluates learning-rate schedules at its micro-step counter.
+    applies them when its micro-step counter reaches a multiple of K, so a partial window of
+    r micro-batches stays in its accumulators until K - r more arrive, which join it (here
+    none follow: never applied), and evaluates learning-rate schedules at its micro-step
+    counter.
     """
     model = p.build_model()
     opt = optimizer_like(p.make_optimizer(), gradient_accumulation_steps=p.accum_steps)
@@ -629,13 +631,14 @@ def keras_gradient_accumulation(p: Problem) -> keras.Model:
 
 
 class SumRawGradientsModel(keras.Model):
-    """Recipe A (rewritten for Keras 3): a ``train_step`` that sums raw gradients.
+    """Recipe A of chapter 6, rewritten for Keras 3: a ``train_step`` that sums raw gradients.
 
     Each ``train_step`` adds the micro-batch's gradient to a running sum; every K steps the sum
     is applied and zeroed. The sum is never divided by K, so with SGD each update is K times
     the large-batch step. Adam divides by the gradient's own running magnitude, so the factor K
-    cancels except against its epsilon: a smaller but not zero error (the book measures it).
-    A partial window at the end of an epoch is carried into the next epoch's first window.
+    cancels except against its epsilon: a smaller but not zero error (chapter 6, section 9,
+    measures it). A partial window at the end of an epoch is carried into the next epoch's
+    first window.
 
     Use it like ``keras.Model`` (functional form) with an extra ``accum_steps=K``.
     """
@@ -691,7 +694,7 @@ def sum_raw_gradients_train_step(p: Problem) -> keras.Model:
 
 
 def tf_function_epoch_divide_by_k(p: Problem) -> keras.Model:
-    """Recipe B (rewritten for Keras 3): a ``tf.function`` epoch loop over a dataset.
+    """Recipe B of chapter 6, rewritten for Keras 3: a ``tf.function`` epoch loop over data.
 
     Every micro-batch adds ``grad / K``; the window is applied every K micro-batches and,
     after the loop, once more for a partial window: still divided by K instead of by its
