@@ -40,8 +40,9 @@ state of a ``shuffle(..., seed=s)`` seed generator, so the epochs after the
 resumed one get the same orders as without the interruption, provided the same dataset
 object is passed for every epoch and the same global seed (``keras.utils.set_random_seed``)
 is set at the start of the restarted process. A
-callable ``epoch -> dataset`` (e.g. ``shuffle(n, seed=base + epoch,
-reshuffle_each_iteration=False)``) makes the order of each epoch explicit. ``model.fit`` has
+callable ``epoch -> dataset`` (e.g. ``samples.shuffle(n, seed=base + epoch)``, as the resume
+guide runs it: a fresh dataset each epoch, so ``reshuffle_each_iteration`` does not matter)
+makes the order of each epoch explicit. ``model.fit`` has
 no iterator to checkpoint: the order of every epoch must follow from the epoch alone. That
 holds for ``shuffle=False``, for a ``tf.data`` dataset with a fixed order, and for
 ``fit(x, y, shuffle=True)`` with arrays after ``keras.utils.set_random_seed``: Keras then

@@ -160,7 +160,7 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
         "accumcore_unchecked": {"paired": {"median": 0.933, "low": 0.911, "high": 0.988}}}}}
     sentence = report._check_cost_sentence(overlapping)
     assert "overlap: the check's cost is within the noise" in sentence
-    assert "0.966 [0.923, 0.989] with the check, 0.933 [0.911, 0.988] without" in sentence
+    assert "1: 0.966 [0.923, 0.989] with the check, 0.933 [0.911, 0.988] without." in sentence
     # overlapping intervals are the noise whichever median is lower: no sign read into them
     assert "opposite sign" not in sentence and "median is lower" not in sentence
     # one rule for both settings (round-13 reader D9): both overlap, one verdict for both
@@ -169,8 +169,9 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
         "accumcore_unchecked": {"paired": {"median": 0.959, "low": 0.926, "high": 0.987}}}}}
     sentence = report._check_cost_sentence(both)
     assert ("1: 0.966 [0.923, 0.989] with the check, 0.933 [0.911, 0.988] without; 32: 0.954 "
-            "[0.930, 0.969] with the check, 0.959 [0.926, 0.987] without, the two intervals "
-            "overlap at each setting: the check's cost is within the noise") in sentence
+            "[0.930, 0.969] with the check, 0.959 [0.926, 0.987] without. At "
+            "steps_per_execution 1 and 32 the two intervals overlap: the check's cost is within "
+            "the noise") in sentence
     assert "opposite" not in sentence
     assert "costs" not in sentence
     # apart the other way: never "overlap", never a cost
@@ -194,30 +195,75 @@ def test_reader_page_says_what_each_paired_table_decides_and_which_run_it_comes_
     assert "of their median (max − min)" not in text
 
 
-def test_the_check_cost_sentence_joins_its_parts_and_ends_with_one_full_stop():
-    """The sentence's ending: each kind of steps_per_execution in its own part, the parts
-    joined by ". And ", one full stop at the end; no pair of columns, no sentence."""
-    def kinds(checked, unchecked):
-        return {"accumcore": {"paired": dict(zip(("median", "low", "high"), checked))},
-                "accumcore_unchecked": {"paired": dict(zip(("median", "low", "high"),
-                                                          unchecked))}}
+def test_the_check_cost_sentences_list_the_medians_then_one_verdict_per_kind_of_setting():
+    """Round-14 reader D13: the medians and the verdict were one fused sentence, and the
+    per-micro-batch check's column, measured, was never discussed. Now: the medians, then one
+    sentence per verdict; the same for checking every micro-batch against the first column."""
+    def kinds(checked, unchecked, micro=None):
+        out = {"accumcore": {"paired": dict(zip(("median", "low", "high"), checked))},
+               "accumcore_unchecked": {"paired": dict(zip(("median", "low", "high"),
+                                                         unchecked))}}
+        if micro:
+            out["accumcore_skip_micro_batch"] = {
+                "paired": dict(zip(("median", "low", "high"), micro))}
+        return out
     record = {"by_spe": {"1": kinds((0.96, 0.92, 0.99), (0.95, 0.91, 0.98)),  # overlap
                          "8": kinds((0.90, 0.89, 0.91), (0.97, 0.96, 0.98)),  # a cost
                          "16": kinds((0.99, 0.98, 1.0), (0.93, 0.92, 0.94))}}  # opposite
     sentence = report._check_cost_sentence(record)
-    assert sentence.startswith("Comparing the first two paired columns: at steps_per_execution"
-                               " 1: 0.960 [0.920, 0.990] with the check")
-    parts = sentence.split(". And ")
-    assert len(parts) == 3
-    assert parts[0].endswith("says nothing about it")
-    assert parts[1].startswith("at steps_per_execution 8: 0.900 [0.890, 0.910]")
-    assert parts[1].endswith("the difference is what the once-per-window check costs")
-    assert parts[2].startswith("at steps_per_execution 16: 0.990 [0.980, 1.000]")
-    assert parts[2].endswith("these runs show no cost of the check there.")
+    assert sentence.startswith("The first two paired columns compare the once-per-window check "
+                               "with none, at steps_per_execution 1: 0.960 [0.920, 0.990] with "
+                               "the check")
+    assert ("At steps_per_execution 1 the two intervals overlap: the check's cost is within "
+            "the noise of this run, and the difference of the medians says nothing about it."
+            ) in sentence
+    assert ("At steps_per_execution 8 the intervals are apart: the difference is what the "
+            "once-per-window check costs.") in sentence
+    assert ("At steps_per_execution 16 the intervals are apart the other way: the run without "
+            "the check was the slower one, so these runs show no cost of the check there."
+            ) in sentence
+    assert "micro-batch" not in sentence  # no third column, nothing said about it
     assert sentence.count("..") == 0 and sentence.endswith("there.")
+    # the third column against the first: the rounds-14 run's figures
+    run = {"by_spe": {"1": kinds((0.966, 0.923, 0.989), (0.933, 0.911, 0.988),
+                                 (0.910, 0.875, 0.931)),
+                      "32": kinds((0.954, 0.930, 0.969), (0.959, 0.926, 0.987),
+                                  (0.876, 0.857, 0.920))}}
+    sentence = report._check_cost_sentence(run)
+    assert ("32: 0.876 [0.857, 0.920] checking every micro-batch, 0.954 [0.930, 0.969] once "
+            "per window.") in sentence
+    assert ("At steps_per_execution 32 the intervals are apart: checking every micro-batch cost "
+            "measurably more than checking each window once.") in sentence
+    assert "At steps_per_execution 1 they overlap: the difference is within the noise" in sentence
     only_one = {"by_spe": {"1": {"accumcore": record["by_spe"]["1"]["accumcore"]}}}
     assert report._check_cost_sentence(only_one) == ""
     assert report._check_cost_sentence({"by_spe": {}}) == ""
+
+
+def test_the_reader_page_gives_the_breakdown_spread_window_step_xla_and_the_memory_design():
+    """Round-14 reader A4, D12, A3: "a negative step is smaller than the noise" with no spread
+    of that run printed; XLA's slower window_step never mentioned beside "XLA ran at
+    1.05-1.20 times"; a flat memory curve explained by the accumulators' 0.2 MiB."""
+    rows = [{"spread": 0.12, "seconds": [1.0] * 21}, {"spread": 0.56, "seconds": [1.0] * 21}]
+    sentence = report._breakdown_noise_sentence(rows)
+    assert "medians of 21 repeats that spread by ±6–28 % in this run" in sentence
+    assert "smaller than the noise of this machine" not in sentence
+    results = {"throughput": [
+        {"model": "mlp", "micro_batch": 16, "accum_steps": 4, "config": c, "median": m}
+        for c, m in (("window", 100.0), ("window_xla", 50.0))] + [
+        {"model": "mlp", "micro_batch": 16, "accum_steps": 8, "config": c, "median": m}
+        for c, m in (("window", 100.0), ("window_xla", 110.0))] + [
+        {"model": "conv", "micro_batch": 16, "accum_steps": 4, "config": "window_xla",
+         "median": None}]}
+    assert report._window_xla_sentence(results) == (
+        " `window_step` with XLA ran at 0.50–1.10 times its speed without, below 1 in 1 of the "
+        "2 cells where both were timed.")
+    assert report._window_xla_sentence({"throughput": []}) == ""
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    assert "`window_step` with XLA ran at" in page
+    assert "because the accumulators (one copy of the weights) are allocated once" not in page
+    assert "only one micro-batch's activations are live at a time" in page
 
 
 def test_a_part_measured_in_another_run_is_dated_on_the_reader_page(tmp_path):
@@ -333,7 +379,9 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     # the page links, with no maintainer flags on the page
     reproduce = page.split("## Reproduce", 1)[1]
     assert "pip install -r requirements.txt -e . && python benchmarks/run.py\n" in reproduce
-    assert "`benchmarks/READER.md`" in reproduce
+    # round-14 reader C1: the build's output file is not named to readers
+    assert "READER.md" not in reproduce
+    assert "writes these tables for it" in reproduce
     assert "CONTRIBUTING.md#benchmarks" in reproduce
     assert "--" not in reproduce.replace("```", "") and "suite" not in reproduce
     assert "contributing guide" not in reproduce

@@ -845,14 +845,17 @@ def test_a_range_to_itself_is_found_after_another_range(glued, flagged):
         assert any("'0.2 to 0.2'" in p for p in problems), problems
 
 
-def test_display_math_in_glued_markdown_is_blanked_as_one():
-    """``$$...$$`` is one block of math: read as ``$`` pairs, its LaTeX braces were fields."""
-    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
-                                "the share $$\\frac{1}{K}$$ of it")
+@pytest.mark.parametrize("filled, unfilled", [
+    # inline math: LaTeX braces are no format field; the real field is found once
+    ("below $10^{-3}$, the $\\frac{1}{K}$ share", "below {bound:.0e}, the $\\frac{1}{K}$ share"),
+    # ``$$...$$`` is one block of math: read as ``$`` pairs, its LaTeX braces were fields
+    ("the share $$\\frac{1}{K}$$ of it", "the share $$\\frac{1}{K}$$ of {n}"),
+])
+def test_latex_braces_in_glued_markdown_are_no_format_field(filled, unfilled):
+    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound", filled)
     assert checker.template_artefacts(page) == []
-    unfilled = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
-                                    "the share $$\\frac{1}{K}$$ of {n}")
-    assert len(checker.template_artefacts(unfilled)) == 1
+    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound", unfilled)
+    assert len(checker.template_artefacts(page)) == 1  # the field, once
 
 
 @pytest.mark.parametrize("glued, why", [
@@ -867,15 +870,6 @@ def test_degenerate_templates_the_first_rules_missed_fail(glued, why):
     page = _glued_page("It was {glue:text}`words`.", "x\n", {"words": glued})
     problems = checker.template_artefacts(page)
     assert any(why in problem for problem in problems), (glued, problems)
-
-
-def test_latex_braces_in_glued_markdown_are_no_format_field():
-    page = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
-                                "below $10^{-3}$, the $\\frac{1}{K}$ share")
-    assert checker.template_artefacts(page) == []
-    unfilled = _markdown_glued_page("It is {glue:md}`bound`.", "x\n", "bound",
-                                    "below {bound:.0e}, the $\\frac{1}{K}$ share")
-    assert len(checker.template_artefacts(unfilled)) == 1  # the field, once
 
 
 def test_main_reports_a_build_s_template_artefact(tmp_path, capsys):

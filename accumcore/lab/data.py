@@ -62,8 +62,10 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
     """Load MNIST: Keras's download first, then a local ``mnist.npz``.
 
     Args:
-        path: a local ``mnist.npz`` (Keras's layout) for when the download fails (offline);
-            ``None``: the file the environment variable ``ACCUMCORE_MNIST_PATH`` names, if set.
+        path: a local ``mnist.npz`` (Keras's layout), read when the download fails: pass
+            it to work offline. ``None`` (the default): no local file, unless you set the
+            environment variable ``ACCUMCORE_MNIST_PATH`` to one, which points every call
+            without ``path`` at the same copy.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 

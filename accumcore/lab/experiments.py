@@ -742,9 +742,9 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
-        progress: called with that line too, also when ``verbose`` is false. The default,
-            ``book_progress`` (the book's own logger), prints nothing. Pass ``print`` or your
-            own logger to follow a long run; ``None``: not called.
+        progress: called with that line too, also when ``verbose`` is false. Silent by
+            default: nothing is printed. Pass ``print`` or your own logger to follow a long
+            run; ``None``: not called.
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -1164,9 +1164,9 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
-        progress: called with a one-line message after each run. The default,
-            ``book_progress`` (the book's own logger), prints nothing. Pass ``print`` or your
-            own logger to follow a long run; ``None``: not called.
+        progress: called with a one-line message after each run. Silent by default:
+            nothing is printed. Pass ``print`` or your own logger to follow a long run;
+            ``None``: not called.
 
     Returns:
         A :class:`SweepResult`.
