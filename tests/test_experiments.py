@@ -484,3 +484,19 @@ def test_roundoff_rule_words_state_the_whole_rule():
     assert words.startswith(f"at most {ex.ROUNDOFF_FACTOR} times the largest reordering control")
     assert f"{ex.ROUNDOFF_FACTOR ** 2} or more times the typical" in words
     assert "typical nonzero" in words and "median" in words and "cannot decide" in words
+
+
+def test_roundoff_judgement_decides_whether_the_controls_disagree_once(monkeypatch):
+    calls = []
+    diverged = ex.controls_diverged
+
+    def counted(controls):
+        calls.append(list(controls))
+        return diverged(controls)
+
+    monkeypatch.setattr(ex, "controls_diverged", counted)
+    cases = {"within": 5e-6, "undecided": 5e-4, "beyond": 5e-2}  # controls 1e-6 and 1e-3
+    for expected, difference in cases.items():
+        calls.clear()
+        assert ex.roundoff_judgement(difference, [1e-6, 1e-3]) == expected
+        assert len(calls) == 1, (expected, calls)

@@ -395,14 +395,23 @@ def roundoff_judgement(difference: float, controls: Sequence[float]) -> str:
         controls: how far the reordering controls end from the same reference; at least one,
             each finite and >= 0.
 
+    Returns:
+        ``"within"`` when ``difference <= ROUNDOFF_FACTOR * roundoff_yardstick(controls)``
+        (10 times the largest control, or 10 times the typical one when the largest is 100 or
+        more times it); ``"undecided"`` when the controls disagree so (largest >= 100 times
+        the typical) and ``difference`` is above 10 times the typical but at most 10 times the
+        largest; ``"beyond"`` above 10 times the largest.
+
     Raises:
         ValueError: for no controls, or a negative, infinite or NaN difference or control
             (the message names the argument).
     """
     d, values = _roundoff_inputs(difference, controls)
-    if d <= ROUNDOFF_FACTOR * roundoff_yardstick(values):
+    diverged = controls_diverged(values)  # once: it decides the yardstick and "undecided"
+    yardstick = typical_control(values) if diverged else max(values)  # roundoff_yardstick's
+    if d <= ROUNDOFF_FACTOR * yardstick:
         return "within"
-    if controls_diverged(values) and d <= ROUNDOFF_FACTOR * max(values):
+    if diverged and d <= ROUNDOFF_FACTOR * max(values):
         return "undecided"
     return "beyond"
 
@@ -414,6 +423,11 @@ def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
     disagree (:func:`controls_diverged`, which has a cliff at 100 times:
     :data:`ROUNDOFF_FACTOR`).
 
+    Returns:
+        True when ``difference`` is at most 10 times the largest control and, if the largest
+        is 100 or more times the typical nonzero control, at most 10 times the typical one;
+        False otherwise (``"undecided"`` and ``"beyond"`` alike).
+
     Raises:
         ValueError: for no controls, or a negative, infinite or NaN difference or control
             (the message names the argument).
@@ -423,10 +437,16 @@ def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
 
 def roundoff_rule_words() -> str:
     """The book's round-off rule (:func:`roundoff_judgement`) in a reader's words, controls that
-    disagree included: "at most 10 times the largest reordering control; when that one is 100
-    or more times the typical nonzero one (the smaller of two, the median of more), the
-    controls disagree on the size of round-off: at most 10 times the typical one is within,
-    and between that and 10 times the largest the rule cannot decide"."""
+    disagree included.
+
+    Returns:
+        "at most 10 times the largest reordering control; when that one is 100 or more times
+        the typical nonzero one (the smaller of two, the median of more), the controls
+        disagree on the size of round-off: at most 10 times the typical one is within, and
+        between that and 10 times the largest the rule cannot decide" (10 is
+        :data:`ROUNDOFF_FACTOR`, 100 its square; the median of more is the lower median,
+        :func:`typical_control`).
+    """
     return (f"at most {ROUNDOFF_FACTOR} times the largest reordering control; when that one is "
             f"{ROUNDOFF_FACTOR**2} or more times the typical nonzero one (the smaller of two, the "
             "median of more), the controls disagree on the size of round-off: at most "
