@@ -159,25 +159,16 @@ print(f"stack: Python {sys.version.split()[0]} ({sys.executable}), TensorFlow {f
 EOF
 }
 
-# Notebooks the nbval part leaves out, each with why. 3b: offline (as in CI) it cannot load the
-# published GPT-2 that Colab readers fine-tune, so it runs only its fallback, a small GPT-2
-# pretrained on the page; on Keras 3.13.2 that fallback's LoRA fine-tuning did not reproduce its
-# target line within 500 epochs on 2026-12-07's CI machine (it did on Keras 3.15.1, where the
-# book build executes and asserts it, and on this leg in an earlier run that day): an open
-# problem of the offline fallback on this stack, not of the Colab path, which loads the preset.
-NBVAL_SKIP=(03b_fine_tuning)
-
-# nbval_notebooks: book/'s notebooks, NBVAL_FIRST's first (in that order), then the others;
-# none of NBVAL_SKIP.
+# nbval_notebooks: book/'s notebooks, NBVAL_FIRST's first (in that order), then the others.
 nbval_notebooks() {
   local name path
   for name in "${NBVAL_FIRST[@]}"; do
     [ -f "book/$name.ipynb" ] || { echo "NBVAL_FIRST: no book/$name.ipynb" >&2; return 1; }
-    [[ " ${NBVAL_SKIP[*]} " == *" $name "* ]] || echo "book/$name.ipynb"
+    echo "book/$name.ipynb"
   done
   for path in book/*.ipynb; do
     name="$(basename "$path" .ipynb)"
-    [[ " ${NBVAL_FIRST[*]} ${NBVAL_SKIP[*]} " == *" $name "* ]] || echo "$path"
+    [[ " ${NBVAL_FIRST[*]} " == *" $name "* ]] || echo "$path"
   done
 }
 
