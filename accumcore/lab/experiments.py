@@ -735,7 +735,7 @@ def train_compare(
     n_train_eval: int = 2000,
     seed: int = 0,
     verbose: bool = False,
-    progress: Callable[[str], None] | None = book_progress,
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, CompareRun]:
     """Train one model per configuration from identical weights, on the identical data order.
 
@@ -762,9 +762,9 @@ def train_compare(
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
-        progress: called with that line too, also when ``verbose`` is false. Silent by
-            default: nothing is printed. Pass ``print`` or your own logger to follow a long
-            run; ``None``: not called.
+        progress: called with that line too, also when ``verbose`` is false. Default
+            ``None``: nothing is printed. Pass ``print`` or your own logger to follow a long
+            run.
 
     Returns:
         ``{name: CompareRun}`` in the order of ``configs``.
@@ -813,8 +813,7 @@ def train_compare(
                     f"test accuracy {points[-1][3]:.4f}")
             if verbose:
                 print(line)
-            if progress is not None:
-                progress(line)
+            (progress or book_progress)(line)
         run.updates = int(model.optimizer.iterations.numpy())
         run.final_weights = get_weights(model)
         arr = np.asarray(points, np.float64)
@@ -1157,7 +1156,7 @@ def lr_sweep(
     seed: int = 0,
     mode: str = "graph",
     verbose: bool = False,
-    progress: Callable[[str], None] | None = book_progress,
+    progress: Callable[[str], None] | None = None,
 ) -> SweepResult:
     """Validation accuracy over a learning-rate x effective-batch grid, by accumulation.
 
@@ -1184,9 +1183,8 @@ def lr_sweep(
         seed: weights and data-order seed.
         mode: the :meth:`accumcore.AccumTrainer.fit` mode (see :func:`train_accumulated`).
         verbose: print one line per run.
-        progress: called with a one-line message after each run. Silent by default:
-            nothing is printed. Pass ``print`` or your own logger to follow a long run;
-            ``None``: not called.
+        progress: called with a one-line message after each run. Default ``None``: nothing
+            is printed. Pass ``print`` or your own logger to follow a long run.
 
     Returns:
         A :class:`SweepResult`.
@@ -1230,8 +1228,7 @@ def lr_sweep(
                     f"[run {done}/{total}]")
             if verbose:
                 print(line)
-            if progress is not None:
-                progress(line)
+            (progress or book_progress)(line)
     result.seconds = time.perf_counter() - start
     return result
 
