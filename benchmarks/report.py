@@ -1028,49 +1028,44 @@ def _settings(items: list[str]) -> str:
     return "at steps_per_execution " + " and ".join(items)
 
 
+def _paired_verdicts(comparison: dict[str, list[str]], intro: str,
+                     words: dict[str, str]) -> list[str]:
+    """``intro`` followed by the comparison's pairs, then one sentence per kind of setting
+    (``"overlap"``, ``"apart"``, ``"opposite"``, in ``words``' order) that has any."""
+    pairs = comparison["overlap"] + comparison["apart"] + comparison["opposite"]
+    if not pairs:
+        return []
+    spe = {k: [t.split(":")[0] for t in v] for k, v in comparison.items()}
+    return [intro + "; ".join(pairs) + "."] + [
+        _settings(spe[kind]).capitalize() + " " + verdict
+        for kind, verdict in words.items() if spe[kind]]
+
+
 def _check_cost_sentence(record: dict[str, Any]) -> str:
     """What the paired columns say about the NaN/Inf checks, per steps_per_execution: first
     the once-per-window check (the first two columns), then checking every micro-batch (the
     last column against the first), each as the medians with their intervals, then one
     verdict per kind of setting: a cost where the intervals are apart, the noise where they
     overlap (whichever median is lower), no cost where they are apart the other way."""
-    sentences = []
     window = _compare_columns(record, "accumcore", "accumcore_unchecked",
                               "{spe}: {a} with the check, {b} without")
-    pairs = window["overlap"] + window["apart"] + window["opposite"]
-    if pairs:
-        sentences.append("The first two paired columns compare the once-per-window check "
-                         "with none, at steps_per_execution " + "; ".join(pairs) + ".")
-        spe = {k: [t.split(":")[0] for t in v] for k, v in window.items()}
-        if spe["overlap"]:
-            sentences.append(_settings(spe["overlap"]).capitalize() + " the two intervals "
-                             "overlap: the check's cost is within the noise of this run, and "
-                             "the difference of the medians says nothing about it.")
-        if spe["apart"]:
-            sentences.append(_settings(spe["apart"]).capitalize() + " the intervals are "
-                             "apart: the difference is what the once-per-window check costs.")
-        if spe["opposite"]:
-            sentences.append(_settings(spe["opposite"]).capitalize() + " the intervals are "
-                             "apart the other way: the run without the check was the slower "
-                             "one, so these runs show no cost of the check there.")
     micro = _compare_columns(record, "accumcore_skip_micro_batch", "accumcore",
                              "{spe}: {a} checking every micro-batch, {b} once per window")
-    pairs = micro["overlap"] + micro["apart"] + micro["opposite"]
-    if pairs:
-        sentences.append("The last paired column checks every micro-batch, against the "
-                         "first, at steps_per_execution " + "; ".join(pairs) + ".")
-        spe = {k: [t.split(":")[0] for t in v] for k, v in micro.items()}
-        if spe["apart"]:
-            sentences.append(_settings(spe["apart"]).capitalize() + " the intervals are "
-                             "apart: checking every micro-batch cost measurably more than "
-                             "checking each window once.")
-        if spe["overlap"]:
-            sentences.append(_settings(spe["overlap"]).capitalize() + " they overlap: the "
-                             "difference is within the noise of this run.")
-        if spe["opposite"]:
-            sentences.append(_settings(spe["opposite"]).capitalize() + " the intervals are "
-                             "apart the other way: these runs show no extra cost of checking "
-                             "every micro-batch there.")
+    sentences = _paired_verdicts(window, "The first two paired columns compare the "
+                                 "once-per-window check with none, at steps_per_execution ", {
+        "overlap": "the two intervals overlap: the check's cost is within the noise of this "
+                   "run, and the difference of the medians says nothing about it.",
+        "apart": "the intervals are apart: the difference is what the once-per-window check "
+                 "costs.",
+        "opposite": "the intervals are apart the other way: the run without the check was "
+                    "the slower one, so these runs show no cost of the check there."})
+    sentences += _paired_verdicts(micro, "The last paired column checks every micro-batch, "
+                                  "against the first, at steps_per_execution ", {
+        "apart": "the intervals are apart: checking every micro-batch cost measurably more "
+                 "than checking each window once.",
+        "overlap": "they overlap: the difference is within the noise of this run.",
+        "opposite": "the intervals are apart the other way: these runs show no extra cost of "
+                    "checking every micro-batch there."})
     return " ".join(sentences)
 
 
