@@ -293,14 +293,14 @@ def test_roundoff_verdict_states_the_ratio_and_the_rule():
     assert ex.roundoff_verdict(2.001e-4, [2e-4]) == (  # never "1 times": it reads as "equal"
         f"equal to the reordering control to two significant digits: within {rule}")
     assert ex.roundoff_verdict(1e-5, [1e-4, 2e-4, 3e-4]).startswith(
-        "below the largest reordering control (0.1 times the smallest): within")
+        "below the largest reordering control and 0.1 times the smallest: within")
     # one control far above the other (training amplified one reordering): the smaller one
     # says how the run compares with round-off that stayed small
     assert ex.roundoff_verdict(5.3e-7, [1.6e-2, 7.1e-7]) == (
         "the reordering controls are 22,535 times apart, so judged against the "
         f"smaller too: 0.75 times it: within {rule}")
     assert ex.roundoff_verdict(4.0e-7, [4.6e-7, 4.0e-7]) == (  # never "(1 times the smaller)"
-        "below the larger reordering control (equal to the smaller to two significant digits): "
+        "below the larger reordering control and equal to the smaller to two significant digits: "
         f"within {rule}")
     assert ex.roundoff_verdict(2e-6, [1.6e-2, 1e-6]).endswith(
         f"judged against the smaller too: 2 times it: within {rule}")
@@ -355,7 +355,7 @@ def test_roundoff_verdict_judges_against_the_smaller_control_when_one_diverged()
     assert "apart" in ex.roundoff_verdict(5e-5, [1e-4, 1e-6])
     assert ex.roundoff_verdict(5e-5, [1e-4, 1e-6]).endswith(f"{rule} cannot decide")
     assert ex.roundoff_verdict(5e-5, [0.99e-4, 1e-6]) == (
-        f"below the larger reordering control (50 times the smaller): within {rule}")
+        f"below the larger reordering control and 50 times the smaller: within {rule}")
     # more than two controls: the largest against their median
     assert ex.roundoff_verdict(3e-6, [2e-2, 1e-6, 2e-6]) == (
         "the largest reordering control is 10,000 times their median, so judged against the "

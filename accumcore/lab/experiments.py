@@ -230,7 +230,7 @@ REORDERINGS = ("reversed", "shuffled")
 #: above from the first window).
 #:
 #: When the largest control is this factor squared (100) times the typical nonzero one or more
-#: (:func:`controls_diverged`; typical: the smaller of two, the median of more,
+#: (:func:`controls_diverged`; typical: the smaller of two, the lower median of more,
 #: :func:`typical_control`), the controls disagree on the size of round-off: within then needs
 #: at most this many times the typical one, and a difference between that and this many times
 #: the largest is undecided. The rule has a cliff at 100 times, on purpose: controls 1e-6 and
@@ -326,7 +326,7 @@ def times_words(ratio: float, whom: str) -> str:
 def controls_diverged(controls: Sequence[float]) -> bool:
     """Whether the reordering controls disagree on the size of round-off: the largest is
     ``ROUNDOFF_FACTOR ** 2`` (100) times the typical nonzero control or more
-    (:func:`typical_control`: the smaller of two, the median of more). Training can amplify
+    (:func:`typical_control`: the smaller of two, the lower median of more). Training can amplify
     one reordering's round-off far more than another's (chapter 3), or one control can end
     unusually close (a reordering that barely changes the sums); either way the largest is
     no yardstick for round-off on its own (:func:`roundoff_judgement`). A control of 0 (bit for
@@ -373,21 +373,17 @@ def roundoff_yardstick(controls: Sequence[float]) -> float:
         ValueError: for no controls, or a negative, infinite or NaN control.
     """
     values = _checked_controls(controls)
-    if controls_diverged(values):
-        return typical_control(values)
-    return max(values)
+    return _yardstick(values, controls_diverged(values))
+
+
+def _yardstick(values: list[float], diverged: bool) -> float:
+    """:func:`roundoff_yardstick` of checked controls whose disagreement is already known."""
+    return typical_control(values) if diverged else max(values)
 
 
 def roundoff_judgement(difference: float, controls: Sequence[float]) -> str:
     """The book's round-off rule (:func:`roundoff_rule_words` states it) as one of three
     answers.
-
-    ``"within"``: ``difference`` is at most :data:`ROUNDOFF_FACTOR` times the control the rule
-    judges against (:func:`roundoff_yardstick`: the largest, or the typical one when the
-    controls disagree, :func:`controls_diverged`). ``"undecided"``: the controls disagree and
-    ``difference`` lies between that many times the typical control and that many times the
-    largest, so the controls do not settle the size of round-off. ``"beyond"``: more than that
-    many times the largest control.
 
     Args:
         difference: how far a run ends from its reference (a ``relative_error``, a loss gap):
@@ -408,8 +404,7 @@ def roundoff_judgement(difference: float, controls: Sequence[float]) -> str:
     """
     d, values = _roundoff_inputs(difference, controls)
     diverged = controls_diverged(values)  # once: it decides the yardstick and "undecided"
-    yardstick = typical_control(values) if diverged else max(values)  # roundoff_yardstick's
-    if d <= ROUNDOFF_FACTOR * yardstick:
+    if d <= ROUNDOFF_FACTOR * _yardstick(values, diverged):
         return "within"
     if diverged and d <= ROUNDOFF_FACTOR * max(values):
         return "undecided"
@@ -417,11 +412,7 @@ def roundoff_judgement(difference: float, controls: Sequence[float]) -> str:
 
 
 def roundoff_within(difference: float, controls: Sequence[float]) -> bool:
-    """Whether :func:`roundoff_judgement` is ``"within"``: ``difference`` is at most
-    :data:`ROUNDOFF_FACTOR` times the largest control (:func:`roundoff_ratio`), and at most
-    that many times the typical nonzero control (:func:`typical_control`) when the controls
-    disagree (:func:`controls_diverged`, which has a cliff at 100 times:
-    :data:`ROUNDOFF_FACTOR`).
+    """Whether :func:`roundoff_judgement` is ``"within"``.
 
     Returns:
         True when ``difference`` is at most 10 times the largest control and, if the largest
@@ -441,15 +432,14 @@ def roundoff_rule_words() -> str:
 
     Returns:
         "at most 10 times the largest reordering control; when that one is 100 or more times
-        the typical nonzero one (the smaller of two, the median of more), the controls
+        the typical nonzero one (the smaller of two, the lower median of more), the controls
         disagree on the size of round-off: at most 10 times the typical one is within, and
         between that and 10 times the largest the rule cannot decide" (10 is
-        :data:`ROUNDOFF_FACTOR`, 100 its square; the median of more is the lower median,
-        :func:`typical_control`).
+        :data:`ROUNDOFF_FACTOR`, 100 its square; the typical one is :func:`typical_control`).
     """
     return (f"at most {ROUNDOFF_FACTOR} times the largest reordering control; when that one is "
             f"{ROUNDOFF_FACTOR**2} or more times the typical nonzero one (the smaller of two, the "
-            "median of more), the controls disagree on the size of round-off: at most "
+            "lower median of more), the controls disagree on the size of round-off: at most "
             f"{ROUNDOFF_FACTOR} times the typical one is within, and between that and "
             f"{ROUNDOFF_FACTOR} times the largest the rule cannot decide")
 
@@ -476,7 +466,7 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
         most 10 times)" (:func:`roundoff_ratio` to two significant digits, whole numbers from
         100, "equal to ... to two significant digits" when that rounds to 1, "below the larger
-        reordering control (0.75 times the smaller)" under several controls (again "equal to
+        reordering control and 1.7 times the smaller" under several controls (again "equal to
         the smaller to two significant digits" for 1); "the reordering
         control" for one control, "the larger" for two, "the largest" for more), or "...
         more than the book's round-off rule (at most 10 times) allows" beyond it. Controls
@@ -540,7 +530,7 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
         smallest = min(values)
         if ratio < 1 and len(values) > 1 and smallest > 0 and ratio_digits(ratio) != "1":
             least = "the smaller" if len(values) == 2 else "the smallest"
-            against = f"below {which} ({times_words(d / smallest, least)})"
+            against = f"below {which} and {times_words(d / smallest, least)}"
         verdict = f"{against}: {verdict}"
     return verdict if within or not beyond else f"{verdict}; {beyond}"
 
