@@ -1007,20 +1007,20 @@ def _interval(p: dict[str, float]) -> str:
 
 
 def _compare_columns(record: dict[str, Any], first: str, second: str,
-                     said: str) -> dict[str, list[str]]:
-    """Per steps_per_execution, whether the paired intervals of columns ``first`` and
-    ``second`` overlap, lie apart (``first`` wholly below) or apart the other way; each
-    setting as ``said`` formats it (keys ``spe``, ``a``, ``b``: the two intervals)."""
-    groups: dict[str, list[str]] = {"overlap": [], "apart": [], "opposite": []}
+                     said: str) -> list[tuple[str, str, str]]:
+    """Per steps_per_execution (in the record's order) where both columns ran: the setting,
+    its medians as ``said`` formats them (keys ``spe``, ``a``, ``b``: the two intervals), and
+    whether the paired intervals of ``first`` and ``second`` ``"overlap"``, lie ``"apart"``
+    (``first`` wholly below) or apart the other way (``"opposite"``)."""
+    rows = []
     for spe, kinds in record["by_spe"].items():
         if first not in kinds or second not in kinds:
             continue
         a, b = kinds[first]["paired"], kinds[second]["paired"]
-        text = said.format(spe=spe, a=_interval(a), b=_interval(b))
         kind = ("apart" if a["high"] < b["low"] else "opposite" if b["high"] < a["low"]
                 else "overlap")
-        groups[kind].append(text)
-    return groups
+        rows.append((str(spe), said.format(spe=spe, a=_interval(a), b=_interval(b)), kind))
+    return rows
 
 
 def _settings(items: list[str]) -> str:
@@ -1028,17 +1028,16 @@ def _settings(items: list[str]) -> str:
     return "at steps_per_execution " + " and ".join(items)
 
 
-def _paired_verdicts(comparison: dict[str, list[str]], intro: str,
+def _paired_verdicts(rows: list[tuple[str, str, str]], intro: str,
                      words: dict[str, str]) -> list[str]:
-    """``intro`` followed by the comparison's pairs, then one sentence per kind of setting
-    (``"overlap"``, ``"apart"``, ``"opposite"``, in ``words``' order) that has any."""
-    pairs = comparison["overlap"] + comparison["apart"] + comparison["opposite"]
-    if not pairs:
+    """``intro`` followed by the medians of every setting of ``rows`` (from
+    :func:`_compare_columns`), then one sentence per kind of result (in ``words``' order)
+    naming the settings that had it."""
+    if not rows:
         return []
-    spe = {k: [t.split(":")[0] for t in v] for k, v in comparison.items()}
-    return [intro + "; ".join(pairs) + "."] + [
-        _settings(spe[kind]).capitalize() + " " + verdict
-        for kind, verdict in words.items() if spe[kind]]
+    return [intro + "; ".join(text for _, text, _ in rows) + "."] + [
+        _settings([spe for spe, _, k in rows if k == kind]).capitalize() + " " + verdict
+        for kind, verdict in words.items() if any(k == kind for _, _, k in rows)]
 
 
 def _check_cost_sentence(record: dict[str, Any]) -> str:
