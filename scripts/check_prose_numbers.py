@@ -645,11 +645,14 @@ def pragmas_shown(notebook: dict) -> list[str]:
 _SECTION_REFERENCE = re.compile(
     r"(?<!'s )\bsections? (\d+(?:(?:,| and| to|-) ?\d+)*)", re.I)
 _NUMBERED_HEADING = re.compile(r"^#{2,4} (\d+)\.", re.M)
+#: A bare section number of another part ("B.2", "A.3"): a label the reader cannot follow.
+_BARE_SECTION_NUMBER = re.compile(r"(?<![\w.])[A-Z]\.\d+(?![\w.])")
 
 
 def missing_sections(notebook: dict) -> list[str]:
     """The references to a numbered section of this page ("section 2", "sections 4 to 6") whose
-    number no heading of the page carries, one problem each with its sentence."""
+    number no heading of the page carries, and bare section numbers of another part ("B.2"),
+    one problem each with its sentence."""
     markdown = ["".join(cell["source"]) for cell in notebook["cells"]
                 if cell["cell_type"] == "markdown"]
     numbers = {int(n) for text in markdown for n in _NUMBERED_HEADING.findall(text)}
@@ -663,6 +666,9 @@ def missing_sections(notebook: dict) -> list[str]:
                 cited.update(int(n) for n in re.findall(r"\d+", match.group(1)))
                 problems += [f"section {n} cited, no heading '{n}.' on the page: {written}"
                              for n in sorted(cited - numbers)]
+            problems += [f"bare section number '{label}' (name the section in words, or "
+                         f"link it): {written}"
+                         for label in _BARE_SECTION_NUMBER.findall(words)]
     return problems
 
 

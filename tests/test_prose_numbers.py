@@ -265,6 +265,17 @@ def test_a_reference_to_a_section_the_page_lacks_fails():
     assert checker.missing_sections(_page("As chapter 7's section 3 shows.")) == []
 
 
+def test_a_bare_section_number_of_another_part_fails_and_its_name_passes():
+    """Round-14 reader D5: "(B.2 Pitfalls, gaps and masks: ...)" used an appendix's section
+    number as a label."""
+    bare = _page("A recipe trains on p (B.2 Pitfalls, gaps and masks).")
+    assert checker.missing_sections(bare) == [
+        "bare section number 'B.2' (name the section in words, or link it): A recipe trains "
+        "on p (B.2 Pitfalls, gaps and masks)."]
+    named = _page("A recipe trains on p (Appendix B, 'Pitfalls, gaps and masks'), e.g. 0.5.")
+    assert checker.missing_sections(named) == []
+
+
 def test_a_value_glued_from_a_file_fails_and_a_computed_one_passes():
     from_file = _page("It took {glue:text}`minutes`.", code=(
         "def committed():\n    with open('results.json') as f:\n        return json.load(f)\n"
