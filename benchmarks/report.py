@@ -910,7 +910,7 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "micro-batch, checks each window's gradients for NaN/Inf once and keeps a "
         "sample-weighted loss, and in return is "
         "exact for ragged windows, where Keras's mean of K micro-batch means is not (measured "
-        "in chapter 6b, section 3). With "
+        "in chapter 6b's section 3). With "
         f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
         "without." + _window_xla_sentence(results),
         f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9) compiled the "

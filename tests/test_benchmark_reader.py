@@ -427,6 +427,6 @@ def test_the_reader_page_prints_what_its_sentences_quote_and_code_with_straight_
     outside_code = "".join(page.split("`")[::2])
     assert "mode='" not in outside_code and 'mode="' not in outside_code
     assert "| fastest of (5)/(6) / its floor (8) compiled the same way |" in page
-    assert "(measured in chapter 6b, section 3)" in page
+    assert "(measured in chapter 6b's section 3)" in page
     assert report._code_entry("AccumTrainer.fit(mode='graph') epoch") == (
         "`AccumTrainer.fit(mode='graph')` epoch")
