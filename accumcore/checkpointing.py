@@ -233,7 +233,8 @@ class ResumableLoop:
                 or a callable ``epoch -> dataset``; see the module doc about shuffling.
             epochs: total number of epochs of the run (not "more epochs").
             mode: ``"eager"`` (every op eager) or ``"function"`` (each micro-step a
-                ``tf.function``, traced once), as in :meth:`~accumcore.AccumTrainer.fit`.
+                ``tf.function``, traced once), as in
+                :meth:`AccumTrainer.fit() <accumcore.AccumTrainer.fit>`.
             on_micro_batch_end: optional ``f(epoch, step)`` called after each micro-batch
                 (``step`` is its 0-based index in the epoch), after any checkpoint it caused.
 
@@ -333,7 +334,7 @@ def _unwrap_train_function(model: keras.Model) -> None:
 
 
 class SkipTrainedBatches(keras.callbacks.Callback):
-    """Turn the first ``batches`` training batches of the first epoch of ``fit`` into no-ops.
+    """Skip (make no-ops of) the first n training batches of ``fit``'s first epoch (n: ``batches``).
 
     Use it to resume exactly from a checkpoint taken in the middle of an epoch: reload the
     weights (``keras.models.load_model`` of a ``ModelCheckpoint(save_freq=N)`` file, say),

@@ -464,7 +464,13 @@ def _ratios_table(results: dict[str, Any], plot_prefix: str) -> list[str]:
     return lines
 
 
-def _breakdown_section(results: dict[str, Any]) -> list[str]:
+#: A dotted call in a label (``AccumTrainer.fit(mode='graph')``): code on the reader's page.
+_CALL = re.compile(r"(?<!`)\b([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\([^)]*\))")
+
+
+def _breakdown_section(results: dict[str, Any], spread: bool = False) -> list[str]:
+    """The breakdown table; ``spread``: as the reader's page prints it, with a ± column (half
+    the range of the repeats, in % of the median) and calls in the labels as code."""
     recs = results.get("breakdown") or []
     if not recs:
         return ["(not measured)"]
@@ -479,16 +485,20 @@ def _breakdown_section(results: dict[str, Any]) -> list[str]:
         "`model.fit` "
         "(one epoch, not one `tf.function`): Keras's own accumulation and `AccumModel` with "
         "and without the check.", "",
-        "| model | variant | samples/s | ms per micro-batch | added ms |",
-        "|---|---|---|---|---|"]
+        "| model | variant | samples/s | ms per micro-batch | added ms |"
+        + (" ± % |" if spread else ""),
+        "|---|---|---|---|---|" + ("---|" if spread else "")]
     for model in dict.fromkeys(r["model"] for r in recs):
         prev = None
         for r in (r for r in recs if r["model"] == model):
             ms = r.get("ms_per_micro_batch")
             reference = r.get("reference", r["variant"] == "adam_each")
             added = "" if prev is None or ms is None or reference else f"{ms - prev:+.3f}"
+            noise = (f" {50 * r['spread']:.0f} |" if r.get("spread") is not None else " — |"
+                     ) if spread else ""
+            label = _CALL.sub(r"`\1`", r["label"]) if spread else r["label"]
             lines.append(f"| {model} b={r['micro_batch']} K={r['accum_steps']} | "
-                         f"{r['label']} | {_rate(r['median'])} | {_fmt(ms, 3)} | {added} |")
+                         f"{label} | {_rate(r['median'])} | {_fmt(ms, 3)} | {added} |" + noise)
             if not reference:
                 prev = ms
     return lines
@@ -813,11 +823,16 @@ def _reader_summary(results: dict[str, Any]) -> list[str]:
     xla_models = sorted({r["model"].upper() for r in bm.throughput_ratios(results)
                          if r.get("fit_xla_vs_fit") is not None})
     for row in bm.ratio_summary(results):
-        label = _with_spe(row["label"], results)
+        label = _with_spe(row["label"], results).replace(
+            "its floor (8)", "its floor (8) compiled the same way")
         if row["key"] == "fit_xla_vs_fit":
             label += f" ({', '.join(xla_models)} only)"
         lines.append(f"| {label} | {row['cells']} | {_fmt(row['low'])} | "
                      f"{_fmt(row['median'])} | {_fmt(row['high'])} |")
+        if row["key"] == "fit_xla_vs_fit" and (window := _window_xla_ratios(results)):
+            lines.append(f"| `window_step` with XLA / without ({', '.join(xla_models)} only) | "
+                         f"{len(window)} | {_fmt(min(window))} | "
+                         f"{_fmt(statistics.median(window))} | {_fmt(max(window))} |")
     entries = [r for r in results.get("ops") or [] if r["target"]]
     if entries:
         ratios = [r["ratio"] for r in entries]
@@ -848,16 +863,22 @@ def _with_spe(text: str, results: dict[str, Any]) -> str:
             .replace("large steps_per_execution", f"steps_per_execution={spe}"))
 
 
-def _window_xla_sentence(results: dict[str, Any]) -> str:
-    """``window_step`` with XLA over without, per cell where both were timed: the span and
-    in how many cells XLA was the slower (a leading space; empty when none was timed)."""
+def _window_xla_ratios(results: dict[str, Any]) -> list[float]:
+    """``window_step``'s throughput with XLA over without, one per (model, b, K) cell where
+    both were timed."""
     by_cell: dict[tuple[Any, ...], dict[str, float]] = {}
     for r in results["throughput"]:
         if r.get("config") in ("window", "window_xla") and r.get("median"):
             cell = (r["model"], r["micro_batch"], r["accum_steps"])
             by_cell.setdefault(cell, {})[r["config"]] = r["median"]
-    ratios = [c["window_xla"] / c["window"] for c in by_cell.values()
-              if "window" in c and "window_xla" in c]
+    return [c["window_xla"] / c["window"] for c in by_cell.values()
+            if "window" in c and "window_xla" in c]
+
+
+def _window_xla_sentence(results: dict[str, Any]) -> str:
+    """``window_step`` with XLA over without, per cell where both were timed: the span and
+    in how many cells XLA was the slower (a leading space; empty when none was timed)."""
+    ratios = _window_xla_ratios(results)
     if not ratios:
         return ""
     slower = sum(q < 1 for q in ratios)
@@ -888,7 +909,8 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "`train_step` and add the gradients into accumulators; accumcore also weighs each "
         "micro-batch, checks each window's gradients for NaN/Inf once and keeps a "
         "sample-weighted loss, and in return is "
-        "exact for ragged windows, where Keras's mean of K micro-batch means is not. With "
+        "exact for ragged windows, where Keras's mean of K micro-batch means is not (measured "
+        "in chapter 6b's section 3). With "
         f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
         "without." + _window_xla_sentence(results),
         f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9) compiled the "
@@ -897,7 +919,8 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "code that is still exact (the gradient of the summed loss added into accumulators, "
         "one `tf.cond` that divides once and applies), so this ratio is the price of "
         "accumcore's own bookkeeping, compiled the same way.",
-        f"* *Fastest of (5)/(6) over the floor (8)*: {span('vs_floor')}. The floor runs the "
+        f"* *Fastest of (5)/(6) over the floor (8) compiled the same way* (whole-epoch for "
+        f"whole-epoch, per window for `window_step`): {span('vs_floor')}. The floor runs the "
         "same K forward and backward passes without accumulators, checks or optimizer, so the "
         "gap is the whole cost of accumulating: O(weights) per micro-batch against O(b × "
         "weights) for the passes, heaviest on the MLP at b = 16 and lightest on the conv net.",
@@ -943,8 +966,9 @@ def _reader_ratios_plot(plot_prefix: str) -> list[str]:
     """The per-cell ratios as a plot (RESULTS.md has them as a table)."""
     return ["#### Ratios per cell", "",
             "Three ratios of the summary above for each (model, b, K) cell: (4)/(3), the "
-            "fastest of (5)/(6) over its floor (8), and the fastest accumcore path over plain "
-            "fit at B (2); the dashed line marks 1, as fast. Which configuration was the "
+            "fastest of (5)/(6) over its floor (8) compiled the same way, and the fastest "
+            "accumcore path over plain fit at B (2); the dashed line marks 1, as fast. Which "
+            "configuration was the "
             "fastest in a cell is in the throughput table above. The other ratios are in the "
             "summary only.", "",
             f"![Each ratio of the summary for every (model, b, K) cell, against a dashed line "
@@ -963,8 +987,8 @@ def _reader_ops(results: dict[str, Any]) -> list[str]:
         "| model | entry point | ops | minimal accumulator's | ratio |",
         "|---|---|---|---|---|"]
     for r in recs:
-        lines.append(f"| {r['model']} | {r['entry']} | {r['ops']} | {r['minimal_ops']} | "
-                     f"{r['ratio']:.2f} |")
+        lines.append(f"| {r['model']} | {_code_entry(r['entry'])} | {r['ops']} | "
+                     f"{r['minimal_ops']} | {r['ratio']:.2f} |")
     ours = [r["ratio"] for r in recs if r["target"]]
     keras_ga = [r["ratio"] for r in recs if not r["target"] and "gradient_accumulation" in
                 r["entry"]]
@@ -991,9 +1015,9 @@ def _breakdown_noise_sentence(rows: list[dict[str, Any]]) -> str:
                 "one included, says nothing.")
     said = f"medians of {repeats[0]} repeats" if len(repeats) == 1 else "medians of repeats"
     return ("The *added ms* column is what each ingredient costs per micro-batch. Its times "
-            f"are {said} that spread by ±{_span(spreads, 0)} % in this run (± half their "
-            "range, in % of the median): a step smaller than that, a negative one included, "
-            "is within the noise of this run.")
+            f"are {said} that spread by ±{_span(spreads, 0)} % in this run (the ± column: half "
+            "their range, in % of the median): a step smaller than that, a negative one "
+            "included, is within the noise of this run.")
 
 
 def _separate_run(created: str | None) -> str:
@@ -1174,6 +1198,16 @@ def _same_peaks(table: dict[str, dict[int, int]], ks: list[int]) -> list[str]:
             for names in same] + ([""] if same else [])
 
 
+_ENTRY_CODE = re.compile(r"^(\w+(?:\.\w+)+(?:\([^)]*\))?)(.*)$")
+
+
+def _code_entry(entry: str) -> str:
+    """An entry point's name with its leading code as Markdown code (``AccumTrainer.fit(mode=
+    'function')`` keeps straight quotes in the book), the words after it as they are."""
+    match = _ENTRY_CODE.match(entry)
+    return f"`{match.group(1)}`{match.group(2)}" if match else entry
+
+
 def _reader_tracing(results: dict[str, Any]) -> list[str]:
     if not results["tracing"]:
         return ["(not measured)"]
@@ -1183,7 +1217,7 @@ def _reader_tracing(results: dict[str, Any]) -> list[str]:
              "3 epochs.", "",
              "| compiled function | traces per epoch | total |", "|---|---|---|"]
     for r in results["tracing"]:
-        lines.append(f"| {r['entry']} | {r['per_epoch']} | {r['total']} |")
+        lines.append(f"| {_code_entry(r['entry'])} | {r['per_epoch']} | {r['total']} |")
     later = sum(sum(r["per_epoch"][1:]) for r in results["tracing"])
     lines += ["", "Every function was traced in the first epoch only, so the ragged last "
               "micro-batch and window cost no retracing; `window_step` traces once per window "
@@ -1297,7 +1331,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
         lines += ["### Graph operations", ""] + _fold_tables(
             _reader_ops(results), "The operations of each entry point measured") + [""]
         lines += ["### Where the time goes", ""] + _part_run(results, "breakdown") + _fold_tables(
-            _breakdown_section(results), "Every ingredient's time, per model")
+            _breakdown_section(results, spread=True), "Every ingredient's time, per model")
         if results.get("breakdown"):
             lines += ["", _breakdown_noise_sentence(results["breakdown"])]
         lines += [""]

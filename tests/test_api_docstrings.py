@@ -144,3 +144,28 @@ def test_the_check_finds_each_kind_of_shared_default():
                                                         "Box(items"]
     assert found[-1] == "Box(items=<factory>)"
     assert shared_defaults([("good", good)]) == []
+
+
+def test_no_public_exception_documents_a_return_type():
+    """``autoexception`` (unlike ``autoclass``) merges ``__init__``'s hints into the class's
+    description under ``autodoc_typehints: description``, so ``-> None`` reads "Return type:
+    None" on the exception's entry (round-15 reader, NonFiniteGradientError)."""
+    import inspect
+
+    import accumcore
+
+    exceptions = [obj for name in accumcore.__all__
+                  if inspect.isclass(obj := getattr(accumcore, name))
+                  and issubclass(obj, BaseException)]
+    assert exceptions
+    for exc in exceptions:
+        if "__init__" in vars(exc):
+            assert "return" not in inspect.get_annotations(exc.__init__), exc.__name__
+
+
+def test_no_docstring_puts_a_possessive_after_a_literal_with_a_space():
+    """``\\`\\`fit()\\`\\` 's`` renders with a stray space and a curly opening quote."""
+    bad = [(path.name, n) for path in sorted(PACKAGE.rglob("*.py"))
+           for n, line in enumerate(path.read_text().splitlines(), 1)
+           if "`` 's" in line or "` 's" in line]
+    assert not bad, bad

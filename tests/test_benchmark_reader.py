@@ -66,7 +66,7 @@ def test_reader_page_has_the_tables_and_none_of_the_targets(tmp_path):
                      "steps_per_execution=1 | 1 | 1.12 | 1.12 | 1.12 |",
                      "| (4) accumcore AccumModel.fit | 90 (±0 %) |", "#### Ratios per cell",
                      "against a dashed line at 1](ratios.png)",
-                     "| mlp | AccumTrainer.window_step | 700 | 450 | 1.56 |",
+                     "| mlp | `AccumTrainer.window_step` | 700 | 450 | 1.56 |",
                      "| 1 | 0.912 [0.892, 0.922] | 0.950 | 0.987 [0.967, 0.997] | 1.010 |",
                      "| fit | 0.900 [0.850, 0.950] | 0.930 |",
                      "each way to accumulate](memory.png)",
@@ -94,7 +94,7 @@ def test_reader_page_folds_the_long_tables_and_keeps_run_metadata_off(tmp_path):
     assert len(folds) == 2 + measured_breakdown  # throughput, operations (, breakdown)
     bodies = [fold.split("\n````\n")[0] for fold in folds]
     assert "| (4) accumcore AccumModel.fit | 90 (±0 %) |" in bodies[0]
-    assert "| mlp | AccumTrainer.window_step | 700 | 450 | 1.56 |" in bodies[1]
+    assert "| mlp | `AccumTrainer.window_step` | 700 | 450 | 1.56 |" in bodies[1]
     assert all(":class: dropdown" in body and "\n#" not in body for body in bodies)
     open_text = text.split("````{admonition}")[0] + "".join(
         fold.split("\n````\n")[1] for fold in folds)
@@ -413,3 +413,20 @@ def test_the_reader_page_claims_no_speed_or_memory_cause_it_does_not_measure(tmp
     lines = report._reader_throughput_tables(results)
     xla = [line for line in lines if line.startswith("- ") and "XLA" in line]
     assert xla and all("far slower" not in line and "not measured here" in line for line in xla)
+
+
+def test_the_reader_page_prints_what_its_sentences_quote_and_code_with_straight_quotes():
+    """Round-15 reader c B1, B2, D8, A4: window_step's XLA ratios only in a sentence; the
+    breakdown's ±6–28 % in no column; ``mode='function'`` curled by the book outside code; "its
+    floor (8)" without saying which; exactness claimed without the page that measures it."""
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    assert "| `window_step` with XLA / without (MLP only) | 4 | 0.44 | 0.77 | 1.05 |" in page
+    assert "| model | variant | samples/s | ms per micro-batch | added ms | ± % |" in page
+    assert "| forward+backward only (the floor) | 6,503 | 2.460 |  | 28 |" in page
+    outside_code = "".join(page.split("`")[::2])
+    assert "mode='" not in outside_code and 'mode="' not in outside_code
+    assert "| fastest of (5)/(6) / its floor (8) compiled the same way |" in page
+    assert "(measured in chapter 6b's section 3)" in page
+    assert report._code_entry("AccumTrainer.fit(mode='graph') epoch") == (
+        "`AccumTrainer.fit(mode='graph')` epoch")

@@ -44,7 +44,9 @@ class NonFiniteGradientError(FloatingPointError):
     """
 
     def __init__(self, message: str, *, window: int, first_micro_step: int, micro_batches: int,
-                 variable: str, epoch: int | None = None, unused_micro_batches: int = 0) -> None:
+                 variable: str, epoch: int | None = None, unused_micro_batches: int = 0):
+        # no ``-> None``: the API page documents an exception's __init__ hints with the
+        # class, and a return type there would read as the exception's
         super().__init__(message)
         self.window = window
         self.first_micro_step = first_micro_step

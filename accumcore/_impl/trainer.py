@@ -582,8 +582,8 @@ class AccumTrainer:
             entry: ``"micro_batch"``: the micro-step of ``fit(mode="function")`` and
                 ``train_micro_batch(compiled=True)``, called as ``f(x, y, sample_weight)``
                 for one micro-batch, returning ``(mean_loss, weight, applied)``;
-                ``"epoch"``: ``fit(mode="graph")`` 's whole epoch, ``f(dataset)``;
-                ``"window"``: :meth:`window_step` 's, ``f(x, y, sample_weight, size)`` for
+                ``"epoch"``: the whole epoch of ``fit(mode="graph")``, ``f(dataset)``;
+                ``"window"``: that of :meth:`window_step`, ``f(x, y, sample_weight, size)`` for
                 one batch split into micro-batches of ``size`` samples (a Python int),
                 returning its mean loss.
 

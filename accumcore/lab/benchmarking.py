@@ -381,7 +381,7 @@ def count_ops(minimal_cls: Callable[..., Any], kind: str = "mlp", b: int = 16, k
     Keras's (traced in a ``tf.function`` of their own, for one batch ``(x, y)`` with the batch
     dimension unknown), the ``tf.function`` micro-step that ``AccumTrainer.fit(mode="function")``
     calls, the whole-epoch function of ``mode="graph"`` (one traced micro-step inside a while
-    loop) and ``window_step`` 's function for one window of K * b samples (one traced micro-step
+    loop) and the function of ``window_step`` for one window of K * b samples (one traced micro-step
     inside a loop over the K slices, plus one update). Each is compared with the minimal
     accumulator ``minimal_cls`` (``benchmarks/minimal.MinimalAccumulator``) traced the same way.
     Adam(1e-3) throughout.

@@ -2,8 +2,8 @@
 
 ``load_mnist()`` tries ``keras.datasets.mnist.load_data()`` first (what Colab readers get:
 downloaded once, cached under ``~/.keras/datasets``). When that fails (no internet), it reads
-a local ``mnist.npz`` in Keras's own layout, from the ``path`` argument or the environment
-variable ``ACCUMCORE_MNIST_PATH`` (the name is ``MNIST_PATH_ENV``). It never substitutes other data:
+a local ``mnist.npz`` in Keras's own layout, from the ``path`` argument or, for offline
+machines, the environment variable ``ACCUMCORE_MNIST_PATH``. It never substitutes other data:
 if neither source works, it raises an error naming both. It prints which source it used
 (``verbose=False``: nothing).
 """
@@ -63,9 +63,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
 
     Args:
         path: a local ``mnist.npz`` (Keras's layout), read when the download fails: pass
-            it to work offline. ``None`` (the default): no local file, unless you set the
-            environment variable ``ACCUMCORE_MNIST_PATH`` to one, which points every call
-            without ``path`` at the same copy.
+            it to work offline. ``None`` (the default): no local file, unless the environment
+            variable ``ACCUMCORE_MNIST_PATH`` names one (for offline machines).
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 

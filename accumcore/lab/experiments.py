@@ -226,8 +226,8 @@ REORDERINGS = ("reversed", "shuffled")
 #: when it is at most this many times the largest reordering control. Why a factor and not
 #: "no larger than the controls": two or three controls sample the spread of round-off
 #: thinly, and training amplifies it from update to update, so one more exact run can land a
-#: few times beyond them; a wrong accumulation rule is off by far more (1e-1 of the update and
-#: above from the first window).
+#: few times beyond them; a wrong accumulation rule is off by far more (chapter 6 measures
+#: the broken recipes).
 #:
 #: When the largest control is this factor squared (100) times the typical nonzero one or more
 #: (:func:`controls_diverged`; typical: the smaller of two, the lower median of more,
@@ -463,26 +463,27 @@ def roundoff_verdict(difference: float, controls: Sequence[float], beyond: str =
             a semicolon (nothing if empty).
 
     Returns:
-        e.g. "3.2 times the larger reordering control: within the book's round-off rule (at
-        most 10 times)" (:func:`roundoff_ratio` to two significant digits, whole numbers from
-        100, "equal to ... to two significant digits" when that rounds to 1, "below the larger
-        reordering control and 1.7 times the smaller" under several controls (again "equal to
-        the smaller to two significant digits" for 1); "the reordering
-        control" for one control, "the larger" for two, "the largest" for more), or "...
-        more than the book's round-off rule (at most 10 times) allows" beyond it. Controls
-        that disagree (:func:`controls_diverged`): "the reordering controls are 21,590 times
-        apart, so judged against the smaller too: 0.88 times it: within ...", "the reordering
-        controls are 128 times apart, so they do not settle the size of round-off: 3 times the
-        larger, 384 times the smaller: the book's round-off rule (at most 10 times) cannot
-        decide" (:func:`roundoff_judgement` "undecided"; ``beyond`` is appended), or "...: 15
-        times the larger, 1,500 times the smaller: more than ... allows" (for more than two
-        "the largest reordering control is 2,000 times their median" and "the median";
-        "nonzero" when a control is 0). A difference of 0 beside
-        nonzero controls: "equal to its reference bit for bit, closer than ...". Controls all
-        0 (bit for bit): "equal to its reference, as the reordering controls are: within ..."
-        or "not equal to its reference, though the reordering controls are: more than ...".
-        A control of 0 beside one nonzero control reproduced its reference bit for bit and
-        diverged from nothing: the nonzero one alone is the yardstick.
+        A phrase for a sentence, one per case below ("R" stands for "the book's round-off
+        rule (at most 10 times)"; ratios to two significant digits, whole from 100).
+
+        - One control: "3.2 times the reordering control: within R", or "20 times the
+          reordering control: more than R allows; " followed by ``beyond``.
+        - Two controls: "3.2 times the larger reordering control: within R" ("the largest"
+          for more); below the larger, "below the larger reordering control and 1.7 times
+          the smaller: within R"; "equal to the larger reordering control to two significant
+          digits" when the ratio rounds to 1.
+        - Controls that disagree (:func:`controls_diverged`): "the reordering controls are
+          128 times apart, so they do not settle the size of round-off: 3 times the larger,
+          385 times the smaller: R cannot decide; " followed by ``beyond``
+          (:func:`roundoff_judgement` "undecided"), or "the reordering controls are 21,590
+          times apart, so judged against the smaller too: 0.88 times it: within R"; for more
+          than two, "the largest" and "the median".
+        - A difference of 0: "equal to its reference bit for bit, closer than the reordering
+          controls: within R".
+        - All controls 0: "equal to its reference, as the reordering controls are: within R",
+          or "not equal to its reference, though the reordering controls are: more than R
+          allows; " followed by ``beyond``. A control of 0 beside nonzero ones is left out:
+          the nonzero ones are the yardstick.
 
     Raises:
         ValueError: for no controls, or a negative, infinite or NaN difference or control

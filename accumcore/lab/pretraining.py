@@ -120,11 +120,8 @@ def pretrain_small_gpt2(folder: str, *, epochs: int = 60, sequence_length: int =
     32 lines, in order) for ``epochs`` and save it to ``folder`` with KerasHub's
     ``save_to_preset``. Returns what was made.
 
-    The default 60 epochs (about two minutes on two CPU cores) take the loss from about 3.6 to
-    below 2 nats per byte: a model that spells common English words, which LoRA then adapts to
-    new lines within a few dozen epochs. After 10 epochs (loss about 2.7) LoRA fine-tuning of
-    that model on the Zen of Python did not reach a whole line within 500 epochs on Keras 3.13.2
-    (it did on 3.15.1, slowly)."""
+    The default epochs make a model that spells common English words, which LoRA then adapts
+    to new lines; chapter 3b prints its first and last loss (:meth:`Pretrained.describe`)."""
     import keras
     import keras_hub
 
