@@ -12,9 +12,9 @@ so 0 is exact, 1 means an error as large as the whole reference update. Correct 
 (:func:`accumcore_recipe`, :func:`correct_loop`) measures ~1e-6 in float32.
 
 The broken recipes are written to be read (the book prints their source): each marks its bug
-with ``# BUG``. The two popular recipes, A and B (:class:`SumRawGradientsModel`,
-:func:`tf_function_epoch_divide_by_k`), are this project's own Keras 3 rewrites of two patterns
-that circulate widely; :func:`keras_gradient_accumulation` measures Keras's built-in
+with ``# BUG``. Recipes A and B (:class:`SumRawGradientsModel`,
+:func:`tf_function_epoch_divide_by_k`) are this project's own Keras 3 rewrites of two recipes
+of the kind often posted; :func:`keras_gradient_accumulation` measures Keras's built-in
 ``gradient_accumulation_steps`` optimizer argument.
 """
 
@@ -626,7 +626,7 @@ def keras_gradient_accumulation(p: Problem) -> keras.Model:
 
 
 # ---------------------------------------------------------------------------------------------
-# Two popular recipes, rewritten for Keras 3
+# Two recipes of the kind often posted, rewritten for Keras 3
 # ---------------------------------------------------------------------------------------------
 
 
