@@ -152,6 +152,28 @@ def fit_ragged_split() -> dict:
 
 
 @case
+def fit_uneven_first_batch() -> dict:
+    """``fit`` whose FIRST batch splits unevenly (5 = 3 + 2): Keras builds the model from the
+    mean of the replicas' shares and raises before any update (the devices page's Limits), with
+    either setting; an even first batch (4 = 2 + 2) trains, its short last batch included."""
+    x, y = make_data(13)
+    out: dict = {}
+    for way, (how, batch) in {"accum_steps": (dict(accum_steps=2), 5),
+                              "micro_batch_size": (dict(micro_batch_size=2), 5),
+                              "even": (dict(micro_batch_size=1), 4)}.items():
+        with mirrored().scope():
+            model = small_mlp(model_cls=ac.AccumModel, **how)
+            model.compile(adam(), LOSS)
+        try:
+            model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+            out[way] = {"error": None}
+        except Exception as error:  # noqa: BLE001 - the error is the result
+            out[way] = {"error": f"{type(error).__name__}: {error}"}
+        out[way]["iterations"] = int(model.optimizer.iterations.numpy())
+    return out
+
+
+@case
 def clipping_and_decay() -> dict:
     """Clipping must see the global window gradient (Keras clips per replica otherwise)."""
     x, y = make_data(40)

@@ -262,7 +262,7 @@ def test_check_accepts_supported_and_newer(monkeypatch, tf_version, keras_versio
 @pytest.mark.parametrize(
     ("tf_version", "keras_version"),
     [("2.15.1", "2.15.0"), ("2.16.2", "3.3.3"), ("2.19.0", "3.10.0"), ("2.20.0", "3.12.1"),
-     ("2.19.1", "3.13.2")],
+     ("2.19.1", "3.13.2"), ("2.20.0", "3.0.0")],
 )
 def test_check_names_found_and_supported_versions(monkeypatch, tf_version, keras_version):
     with pytest.raises(ImportError) as err:

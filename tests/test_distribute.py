@@ -63,6 +63,16 @@ def test_fit_split_matches_large_batch(results: dict) -> None:
     assert out["counters"]["samples_seen"] == 39
 
 
+@pytest.mark.parametrize("way", ["accum_steps", "micro_batch_size"])
+def test_fit_refuses_an_uneven_first_batch_before_any_update(results: dict, way: str) -> None:
+    out = case_result(results, "fit_uneven_first_batch")
+    error = out[way]["error"]
+    assert error is not None and error.startswith("InvalidArgumentError"), out
+    assert "must have the same size and shape" in error and "AddN" in error
+    assert out[way]["iterations"] == 0
+    assert out["even"] == {"error": None, "iterations": 4}  # 13 samples: 4 + 4 + 4 + 1
+
+
 @pytest.mark.parametrize("optimizer", ["global_clipnorm", "clipnorm", "adamw"])
 def test_clipping_sees_the_global_window_gradient(results: dict, optimizer: str) -> None:
     rel = case_result(results, "clipping_and_decay")[optimizer]
