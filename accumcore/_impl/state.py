@@ -57,12 +57,11 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what a non-finite gradient does:
-            ``"raise"`` (default: a window whose sum is not finite is discarded whole and
-            :class:`~accumcore.NonFiniteGradientError` is raised from the Python side; checked
-            once per window), ``"skip_window"`` (discard such a window and go on; checked once
-            per window), ``"skip_micro_batch"`` (leave out only the bad micro-batches: every
-            micro-batch is checked), or a :class:`~accumcore.NonFinitePolicy`.
+        nonfinite: what a non-finite gradient does: ``"raise"`` (default: a window whose
+            sum is not finite is discarded whole and :class:`~accumcore.NonFiniteGradientError`
+            raised from the Python side) or ``"skip_window"`` (discarded, training goes on),
+            both checked once per window; ``"skip_micro_batch"`` (every micro-batch checked,
+            only the bad ones left out); or a :class:`~accumcore.NonFinitePolicy`.
 
     Variables (made by :meth:`build`; under these names in checkpoints): ``accumulators``
     (per trainable variable, the window's ``sum_i c_i * grad(L_i)``, float32 or float64),
