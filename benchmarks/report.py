@@ -101,7 +101,8 @@ def _machine_section(results: dict[str, Any]) -> list[str]:
         f"| run | {results['created']}{' (a quick smoke test)' if s['quick'] else ''}, "
         f"data: {'MNIST' if s['data'] == 'mnist' else s['data']} |",
         f"| throughput settings | models {', '.join(s['models'])}; "
-        f"b ∈ {_set(s['micro_batches'])}; K ∈ {_set(s['accum_steps'])}; median of {s['repeats']} interleaved repeats; "
+        f"b ∈ {_set(s['micro_batches'])}; K ∈ {_set(s['accum_steps'])}; "
+        f"median of {s['repeats']} interleaved repeats; "
         f"steps_per_execution={s['steps_per_execution']}; conv filters {s['conv_filters']}; "
         "Adam(1e-3) |",
         f"| memory settings | conv net filters {s['memory_filters']}, b={s['memory_micro_batch']},"
@@ -1324,7 +1325,6 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
              "by hand. -->", ""]
     for d in result_dirs:
         results = _load_run(d)
-        name = os.path.basename(os.path.normpath(d))
         prefix = _image_prefix(d, md_dir)
         lines += [f"## {_run_heading(results)}", "", "### Machine", ""]
         spe = (f"steps_per_execution={results['settings'].get('steps_per_execution')}",
