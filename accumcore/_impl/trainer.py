@@ -97,8 +97,8 @@ class AccumTrainer:
     optimizer: ``trainer.optimizer = keras.optimizers.Adam(1e-5)``); the next step retraces.
 
     Example:
-        ``model``: a ``keras.Model``; ``train_ds``: a ``tf.data.Dataset`` of unbatched
-        ``(x, y)`` pairs; ``x``, ``y``: NumPy arrays of inputs and integer labels.
+        ``train_ds``: a ``tf.data.Dataset`` of unbatched ``(x, y)`` pairs; ``x``, ``y``:
+        NumPy arrays of inputs and integer labels.
 
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
         ...                        "sparse_categorical_crossentropy", accum_steps=4)
@@ -386,19 +386,17 @@ class AccumTrainer:
     def window_step(self, x, y=None, sample_weight=None):
         """One optimizer update from one large batch, split in the graph.
 
-        The batch of ``n`` samples is cut, as at every entry point, into micro-batches of
-        b = ``micro_batch_size`` samples (b, b, ..., the rest), or, with ``accum_steps`` K,
-        of ``ceil(n / K)`` (at most K: 50 at K = 4 runs as 13 + 13 + 13 + 11). The
-        gradients are accumulated inside one ``tf.function`` and applied once, without holding
-        the whole batch's activations; every slice but the rest has a static size, so
-        ``jit_compile=True`` stays on for ragged batches. Must start on an empty window (it
-        closes the window it opens).
+        The batch of ``n`` samples is cut as at every entry point, into micro-batches of
+        b = ``micro_batch_size`` (b, b, ..., the rest) or, with ``accum_steps`` K, of
+        ``ceil(n / K)`` (at most K: 50 at K = 4 is 13 + 13 + 13 + 11), accumulated in one
+        ``tf.function`` without holding the whole batch's activations, and applied once.
+        Every slice but the rest has a static size, so ``jit_compile=True`` stays on for
+        ragged batches. Starts on an empty window and closes it.
 
         An error partway (out of memory at a later micro-batch) drops what the window added
-        (counted in ``samples_dropped``) and is raised: the weights and the optimizer are as
-        before, so the same batch can be given again, applied once. What the forward passes
-        changed stays changed, as after a failed Keras step (BatchNorm statistics, dropout
-        seeds).
+        (counted in ``samples_dropped``) and is raised: weights and optimizer are unchanged,
+        so the same batch can be given again, applied once. What the forward passes changed
+        (BatchNorm statistics, dropout seeds) stays changed, as after a failed Keras step.
 
         Returns:
             The mean loss over the batch (float32 scalar tensor).
