@@ -66,6 +66,20 @@ def write_plots(results: dict[str, Any], out_dir: str) -> list[str]:
     return paths
 
 
+def _set(values: Sequence[Any]) -> str:
+    """``values`` in set notation, ``{16, 64}``: the values run, not an interval."""
+    return "{" + ", ".join(str(v) for v in values) + "}"
+
+
+def _run_heading(results: dict[str, Any]) -> str:
+    """The reader's heading of one run: the machine in words and the device measured."""
+    device, m = results["device"], results["machine"]
+    if device.upper().startswith("GPU"):
+        gpus = ", ".join(g.get("device_name", g["name"]) for g in m.get("gpus", []))
+        return f"Results on {gpus or 'a GPU'} (`{device}`)"
+    return f"Results on a {m.get('cpus_usable')}-core CPU (`{device}`)"
+
+
 def _machine_section(results: dict[str, Any]) -> list[str]:
     m = results["machine"]
     s = results["settings"]
@@ -86,12 +100,13 @@ def _machine_section(results: dict[str, Any]) -> list[str]:
         f"{', '.join(f'{v:.1f}' for v in load)} / {', '.join(f'{v:.1f}' for v in load_end)} |",
         f"| run | {results['created']}{' (a quick smoke test)' if s['quick'] else ''}, "
         f"data: {'MNIST' if s['data'] == 'mnist' else s['data']} |",
-        f"| throughput settings | models {', '.join(s['models'])}; b ∈ {s['micro_batches']}; "
-        f"K ∈ {s['accum_steps']}; median of {s['repeats']} interleaved repeats; "
+        f"| throughput settings | models {', '.join(s['models'])}; "
+        f"b ∈ {_set(s['micro_batches'])}; K ∈ {_set(s['accum_steps'])}; "
+        f"median of {s['repeats']} interleaved repeats; "
         f"steps_per_execution={s['steps_per_execution']}; conv filters {s['conv_filters']}; "
         "Adam(1e-3) |",
         f"| memory settings | conv net filters {s['memory_filters']}, b={s['memory_micro_batch']},"
-        f" K ∈ {s['memory_accum_steps']}, one fresh subprocess each |",
+        f" K ∈ {_set(s['memory_accum_steps'])}, one fresh subprocess each |",
     ]
 
 
@@ -381,7 +396,7 @@ def _paired_cost_table(record: dict[str, Any]) -> list[str]:
     shown = [k for k in ("accumcore", "accumcore_unchecked", "accumcore_skip_micro_batch")
              if k in next(iter(record["by_spe"].values()))]
     titles = {"accumcore": "AccumModel.fit / Keras", "accumcore_unchecked": "without the check",
-              "accumcore_skip_micro_batch": 'nonfinite="skip_micro_batch"'}
+              "accumcore_skip_micro_batch": '`nonfinite="skip_micro_batch"`'}
     lines = ["| steps_per_execution | " + " | ".join(
                  f"{titles[k]}: paired [95 % interval] | best of {record['rounds']}"
                  for k in shown) + " |",
@@ -822,14 +837,14 @@ def _reader_summary(results: dict[str, Any]) -> list[str]:
              "| ratio | cells | lowest | median | highest |", "|---|---|---|---|---|"]
     xla_models = sorted({r["model"].upper() for r in bm.throughput_ratios(results)
                          if r.get("fit_xla_vs_fit") is not None})
+    window = _window_xla_ratios(results)
     for row in bm.ratio_summary(results):
-        label = _with_spe(row["label"], results).replace(
-            "its floor (8)", "its floor (8) compiled the same way")
+        label = _with_spe(row["label"], results)
         if row["key"] == "fit_xla_vs_fit":
             label += f" ({', '.join(xla_models)} only)"
         lines.append(f"| {label} | {row['cells']} | {_fmt(row['low'])} | "
                      f"{_fmt(row['median'])} | {_fmt(row['high'])} |")
-        if row["key"] == "fit_xla_vs_fit" and (window := _window_xla_ratios(results)):
+        if row["key"] == "fit_xla_vs_fit" and window:
             lines.append(f"| `window_step` with XLA / without ({', '.join(xla_models)} only) | "
                          f"{len(window)} | {_fmt(min(window))} | "
                          f"{_fmt(statistics.median(window))} | {_fmt(max(window))} |")
@@ -851,7 +866,7 @@ def _reader_summary(results: dict[str, Any]) -> list[str]:
             flat = _fmt(max(peaks.values()) / min(peaks.values()), 3)
             lines.append(f"| peak memory, {bm.MEMORY_METHODS.get(method, method)}: max/min "
                          f"over K | 1 | {flat} | {flat} | {flat} |")
-    return lines + [""] + _reader_explanation(results)
+    return lines + [""] + _reader_explanation(results, window)
 
 
 def _with_spe(text: str, results: dict[str, Any]) -> str:
@@ -875,10 +890,10 @@ def _window_xla_ratios(results: dict[str, Any]) -> list[float]:
             if "window" in c and "window_xla" in c]
 
 
-def _window_xla_sentence(results: dict[str, Any]) -> str:
-    """``window_step`` with XLA over without, per cell where both were timed: the span and
-    in how many cells XLA was the slower (a leading space; empty when none was timed)."""
-    ratios = _window_xla_ratios(results)
+def _window_xla_sentence(ratios: list[float]) -> str:
+    """``window_step`` with XLA over without (:func:`_window_xla_ratios`), per cell where both
+    were timed: the span and in how many cells XLA was the slower (a leading space; empty
+    when none was timed)."""
     if not ratios:
         return ""
     slower = sum(q < 1 for q in ratios)
@@ -886,7 +901,8 @@ def _window_xla_sentence(results: dict[str, Any]) -> str:
             f"below 1 in {slower} of the {len(ratios)} cells where both were timed.")
 
 
-def _reader_explanation(results: dict[str, Any]) -> list[str]:
+def _reader_explanation(results: dict[str, Any], window: list[float]) -> list[str]:
+    """What each ratio of the summary means; ``window`` is :func:`_window_xla_ratios`."""
     ratios = bm.throughput_ratios(results)
     if not ratios:
         return []
@@ -912,7 +928,7 @@ def _reader_explanation(results: dict[str, Any]) -> list[str]:
         "exact for ragged windows, where Keras's mean of K micro-batch means is not (measured "
         "in chapter 6b's section 3). With "
         f"`jit_compile=True` `AccumModel.fit` ran at {span('fit_xla_vs_fit')} times its speed "
-        "without." + _window_xla_sentence(results),
+        "without." + _window_xla_sentence(window),
         f"* *Fastest compiled AccumTrainer path over the minimal accumulator (9) compiled the "
         "same way*: "
         f"{span('vs_minimal')}. The minimal accumulator is the least "
@@ -1309,9 +1325,8 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
              "by hand. -->", ""]
     for d in result_dirs:
         results = _load_run(d)
-        name = os.path.basename(os.path.normpath(d))
         prefix = _image_prefix(d, md_dir)
-        lines += [f"## {name}: `{results['device']}`", "", "### Machine", ""]
+        lines += [f"## {_run_heading(results)}", "", "### Machine", ""]
         spe = (f"steps_per_execution={results['settings'].get('steps_per_execution')}",
                f"steps_per_execution={results['settings'].get('steps_per_execution')} ("
                f"{results['settings'].get('large_steps_per_execution')} in the rows that say so)")

@@ -549,7 +549,7 @@ def markdown_page_problems(markdown: str) -> list[str]:
         f"machinery on a Markdown page: {match.group(0)!r} ({why})"
         for pattern, why in MARKDOWN_MACHINERY.items()
         for match in [re.search(pattern, text, re.I)] if match] + assert_words(markdown) + (
-        vague_magnitudes(page))
+        keywords_in_prose(markdown) + vague_magnitudes(page))
 
 
 def page_text(notebook: dict, outputs: bool = True) -> str:
@@ -1389,10 +1389,27 @@ def assert_words(markdown: str) -> list[str]:
             for match in ASSERT_WORDS.finditer(text)]
 
 
+#: A keyword argument with a quoted value written as prose (``nonfinite="skip_micro_batch"``
+#: outside a code span): the page's typography turns its quotes curly, so pasted into code it
+#: is a syntax error (round-16 reader D7). Straight or already curly quotes, single or double.
+_QUOTES = "\"'\u201c\u201d\u2018\u2019"
+KEYWORD_IN_PROSE = re.compile(
+    rf"(?<![\w.])[A-Za-z_]\w*\s?=\s?[{_QUOTES}][^\s{_QUOTES}]+[{_QUOTES}]")
+
+
+def keywords_in_prose(markdown: str) -> list[str]:
+    """The ``KEYWORD_IN_PROSE`` matches in ``markdown``'s prose, one problem each."""
+    text = " ".join(prose(markdown).split())
+    return [f"a keyword argument written as prose: {match.group(0)!r} (its quotes turn curly: "
+            "put it in a code span)" for match in KEYWORD_IN_PROSE.finditer(text)]
+
+
 def notebook_assert_words(notebook: dict) -> list[str]:
-    """:func:`assert_words` of a notebook's markdown cells."""
-    return [problem for cell in notebook["cells"] if cell["cell_type"] == "markdown"
-            for problem in assert_words("".join(cell["source"]))]
+    """:func:`assert_words` and :func:`keywords_in_prose` of a notebook's markdown cells."""
+    texts = ["".join(cell["source"]) for cell in notebook["cells"]
+             if cell["cell_type"] == "markdown"]
+    return [problem for text in texts
+            for problem in assert_words(text) + keywords_in_prose(text)]
 
 
 # ---------------------------------------------------------------------------- rendered pages

@@ -169,3 +169,14 @@ def test_no_docstring_puts_a_possessive_after_a_literal_with_a_space():
            for n, line in enumerate(path.read_text().splitlines(), 1)
            if "`` 's" in line or "` 's" in line]
     assert not bad, bad
+
+
+def test_accum_model_says_what_train_on_batch_does_in_either_way():
+    """Round-16 reader A2: "train_on_batch (one micro-batch per call)" is true with
+    ``accum_steps`` only; with ``micro_batch_size`` one call is one split update."""
+    import accumcore
+
+    doc = " ".join(accumcore.AccumModel.__doc__.split())
+    assert "(one micro-batch per call)" not in doc
+    assert ("``train_on_batch`` (with ``accum_steps`` one micro-batch per call; with "
+            "``micro_batch_size`` one split update per call)") in doc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -255,10 +256,10 @@ def test_the_reader_page_gives_the_breakdown_spread_window_step_xla_and_the_memo
         for c, m in (("window", 100.0), ("window_xla", 110.0))] + [
         {"model": "conv", "micro_batch": 16, "accum_steps": 4, "config": "window_xla",
          "median": None}]}
-    assert report._window_xla_sentence(results) == (
+    assert report._window_xla_sentence(report._window_xla_ratios(results)) == (
         " `window_step` with XLA ran at 0.50–1.10 times its speed without, below 1 in 1 of the "
         "2 cells where both were timed.")
-    assert report._window_xla_sentence({"throughput": []}) == ""
+    assert report._window_xla_sentence(report._window_xla_ratios({"throughput": []})) == ""
     with open(report.READER_PAGE, encoding="utf-8") as f:
         page = f.read()
     assert "`window_step` with XLA ran at" in page
@@ -379,6 +380,9 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     # the page links, with no maintainer flags on the page
     reproduce = page.split("## Reproduce", 1)[1]
     assert "pip install -r requirements.txt -e . && python benchmarks/run.py\n" in reproduce
+    # round-16 reader C1: a GPU's install line and command are on the page, not only in the guide
+    assert ('pip install "tensorflow[and-cuda]==2.21.0" keras==3.15.1 matplotlib -e . && '
+            "bash benchmarks/gpu.sh\n") in reproduce
     # round-14 reader C1: the build's output file is not named to readers
     assert "READER.md" not in reproduce
     assert "writes these tables for it" in reproduce
@@ -430,3 +434,19 @@ def test_the_reader_page_prints_what_its_sentences_quote_and_code_with_straight_
     assert "(measured in chapter 6b's section 3)" in page
     assert report._code_entry("AccumTrainer.fit(mode='graph') epoch") == (
         "`AccumTrainer.fit(mode='graph')` epoch")
+
+
+def test_reader_page_says_the_machine_and_the_values_run():
+    """The run's heading names the machine, not the run's folder key; the b and K run read
+    as sets, not as intervals; the floor's label says how it was compiled by itself; the
+    keyword setting of a table header is code (no curly quotes)."""
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    assert "## cpu:" not in page
+    assert re.search(r"^## Results on a \d+-core CPU \(`CPU:0`\)$", page, re.MULTILINE)
+    assert "∈ [" not in page and "b ∈ {" in page and "K ∈ {" in page
+    assert "| fastest of (5)/(6) / its floor (8) compiled the same way |" in page
+    assert '| `nonfinite="skip_micro_batch"`: paired' in page
+    assert report._run_heading({"device": "GPU:0", "machine": {
+        "gpus": [{"name": "/physical_device:GPU:0", "device_name": "Tesla T4"}]}}) == (
+        "Results on Tesla T4 (`GPU:0`)")

@@ -177,3 +177,9 @@ def test_the_books_pages_load_mnist_quietly_and_say_nothing_of_the_source():
     for page in pages:
         text = page.read_text(encoding="utf-8")
         assert "mnist_source" not in text and "download failed" not in text, page.name
+
+
+def test_load_mnist_public_docs_do_not_name_the_build_machines_variable():
+    """Round-16 reader C4: the offline variable of the book's build is not a reader's option
+    (``path=`` is); the behaviour stays, the docstring does not show it."""
+    assert MNIST_PATH_ENV not in (load_mnist.__doc__ or "")

@@ -500,3 +500,12 @@ def test_roundoff_judgement_decides_whether_the_controls_disagree_once(monkeypat
         calls.clear()
         assert ex.roundoff_judgement(difference, [1e-6, 1e-3]) == expected
         assert len(calls) == 1, (expected, calls)
+
+
+def test_docstrings_say_evaluation_point_and_give_no_unmeasured_speed_verdict():
+    """Round-16 reader D9 and A3: train_compare saves nothing, so its points are evaluation
+    points, not checkpoints; train_accumulated's ``mode`` says what each traces, not which is
+    fastest."""
+    for doc in (ex.train_compare.__doc__, ex.CompareRun.__doc__):
+        assert "checkpoint" not in doc and "evaluation point" in doc
+    assert "fastest" not in ex.train_accumulated.__doc__

@@ -1089,3 +1089,39 @@ def test_a_pending_reader_find_is_not_reported_until_it_is_gone(monkeypatch):
     assert checker.stale_reader_finds_pending("09_x", rewritten) == [
         "READER_FINDS_PENDING entry matches no problem of the page: \"'EPOCHS'\""]
     assert checker.stale_reader_finds_pending("09_x", page) == []
+
+
+@pytest.mark.parametrize(("written", "rewritten"), [
+    ('Every micro-batch is checked with nonfinite="skip_micro_batch".',
+     'Every micro-batch is checked with `nonfinite="skip_micro_batch"`.'),
+    ("| steps_per_execution | nonfinite=\u201dskip_micro_batch\u201d: paired |",
+     '| steps_per_execution | `nonfinite="skip_micro_batch"`: paired |'),
+    ("Run it with mode='graph' for long runs.", "Run it with `mode='graph'` for long runs."),
+])
+def test_a_keyword_argument_written_as_prose_fails_and_in_code_passes(written, rewritten):
+    """Round-16 reader D7: a keyword argument with a quoted value outside a code span has its
+    quotes turned curly on the page (a syntax error when pasted); in a code span it stays."""
+    assert checker.keywords_in_prose(written), written
+    assert checker.markdown_page_problems(written), written
+    assert checker.page_problems("09_x", _page(written)), written
+    assert checker.keywords_in_prose(rewritten) == [], rewritten
+    assert checker.markdown_page_problems(rewritten) == [], rewritten
+    assert checker.page_problems("09_x", _page(rewritten)) == [], rewritten
+    assert checker.keywords_in_prose('A quote "as is" = "plain" in prose passes.') == []
+
+
+def test_no_page_of_the_book_writes_a_keyword_argument_as_prose():
+    """The book's Markdown pages, its notebooks' markdown and the benchmark page it includes
+    (``benchmarks/READER.md``, a table row per line) hold no keyword argument outside code."""
+    problems = [f"{path.relative_to(BOOK)}: {problem}" for path in sorted(BOOK.rglob("*.md"))
+                for problem in checker.keywords_in_prose(_visible_markdown(path))]
+    for path in sorted(BOOK.rglob("*.ipynb")):
+        notebook = json.loads(path.read_text(encoding="utf-8"))
+        problems += [f"{path.name}: {problem}" for cell in notebook["cells"]
+                     if cell["cell_type"] == "markdown"
+                     for problem in checker.keywords_in_prose("".join(cell["source"]))]
+    reader = BOOK.parent / "benchmarks" / "READER.md"
+    problems += [f"READER.md: {problem}"
+                 for line in reader.read_text(encoding="utf-8").splitlines()
+                 for problem in checker.keywords_in_prose(line)]
+    assert not problems, "\n".join(problems)

@@ -161,21 +161,20 @@ class AccumModel(keras.Model):
             per batch of B, split into micro-batches of at most b samples inside the train
             step; ``"auto"``: the largest b that fits (see :func:`~accumcore.accumulate`).
             Not with ``accum_steps``.
-        accum_steps (int | None): K, micro-batches per optimizer update (the ``batch_size``
-            given to ``fit`` is the micro-batch size b; the effective batch is K * b). This or
-            ``micro_batch_size`` is required: without either, ``fit`` / ``train_on_batch``
-            raise ``ValueError`` (pass ``accum_steps=1`` for no accumulation); construction
-            does not (``clone_model`` and ``load_model`` pass the settings afterwards), and
-            ``set_accumulation(accum_steps=K)`` sets it too.
+        accum_steps (int | None): K, micro-batches per update (``fit``'s ``batch_size`` is
+            b; the effective batch K * b). Without this or ``micro_batch_size``, ``fit`` and
+            ``train_on_batch`` raise ``ValueError`` (``accum_steps=1``: no accumulation);
+            construction does not, as ``clone_model``, ``load_model`` and
+            ``set_accumulation`` set them afterwards.
         end_of_epoch (str): ``"apply"`` (default), ``"carry"`` or ``"drop"`` for a partial window.
         nonfinite (str | ~accumcore.NonFinitePolicy): ``"raise"`` (default),
             ``"skip_micro_batch"``, ``"skip_window"`` or a policy object (a custom one cannot
             be serialised).
-        normalizer (str | ~collections.abc.Callable): ``"auto"`` (default: each micro-batch
-            weighted by what the compiled loss divided it by: its samples, its sample-weight
-            sum, or its valid elements under a Keras mask or ``ignore_class``), ``"samples"``
-            / ``"sample_weight"`` (checked against that denominator), or a callable
-            ``(x, y, sample_weight) -> item count``, used as given.
+        normalizer (str | ~collections.abc.Callable): ``"auto"`` (default: what the compiled
+            loss divided each micro-batch by: samples, sample-weight sum or valid elements
+            under a Keras mask or ``ignore_class``), ``"samples"`` / ``"sample_weight"``
+            (checked against it), or a callable ``(x, y, sample_weight) -> item count``, used
+            as given.
         **kwargs: ``keras.Model``'s own keywords (e.g. ``name``); any other raises
             ``TypeError`` naming it and the valid ones.
 
@@ -185,7 +184,8 @@ class AccumModel(keras.Model):
     into a plain ``keras.Model`` of the same layers works (serving).
 
     Unbuilt subclasses, frozen models, ``clone_model``, stock ``BatchNormalization`` and
-    ``train_on_batch`` (one micro-batch per call) behave as the book's Reference page "Keras
+    ``train_on_batch`` (with ``accum_steps`` one micro-batch per call; with
+    ``micro_batch_size`` one split update per call) behave as the book's Reference page "Keras
     workflows" lists.
     """
 

@@ -57,12 +57,11 @@ class AccumulationState(tf.Module):
 
     Args:
         accum_steps: K, the number of micro-batches per optimizer update (int >= 1).
-        nonfinite: what a non-finite gradient does:
-            ``"raise"`` (default: a window whose sum is not finite is discarded whole and
-            :class:`~accumcore.NonFiniteGradientError` is raised from the Python side; checked
-            once per window), ``"skip_window"`` (discard such a window and go on; checked once
-            per window), ``"skip_micro_batch"`` (leave out only the bad micro-batches: every
-            micro-batch is checked), or a :class:`~accumcore.NonFinitePolicy`.
+        nonfinite: what a non-finite gradient does: ``"raise"`` (default: a window whose
+            sum is not finite is discarded whole and :class:`~accumcore.NonFiniteGradientError`
+            raised from the Python side) or ``"skip_window"`` (discarded, training goes on),
+            both checked once per window; ``"skip_micro_batch"`` (every micro-batch checked,
+            only the bad ones left out); or a :class:`~accumcore.NonFinitePolicy`.
 
     Variables (made by :meth:`build`; under these names in checkpoints): ``accumulators``
     (per trainable variable, the window's ``sum_i c_i * grad(L_i)``, float32 or float64),
@@ -302,10 +301,9 @@ class AccumulationState(tf.Module):
             samples: number of samples in the micro-batch (int scalar), for the counters.
             optimizer: the optimizer the window will be applied with (a
                 ``LossScaleOptimizer`` checks the window itself: no micro-batch is checked).
-            undivided: gradients of the micro-batch's sums over samples that sit beside a
-                mean loss (an ``add_loss`` of per-sample values, which Keras sums, beside a
-                compiled mean loss), one per trainable variable, or ``None`` (none): the
-                window applies ``sum_i grads_i / W + sum_i undivided_i``, so they stay sums.
+            undivided: ``None``, or gradients (one per trainable variable) of sums beside a
+                mean loss (an ``add_loss`` of per-sample values, which Keras sums): the window
+                applies ``sum_i grads_i / W + sum_i undivided_i``, so they stay sums.
 
         Returns:
             bool scalar: whether the micro-batch was added (``False``: a per-micro-batch
@@ -335,12 +333,8 @@ class AccumulationState(tf.Module):
         Graph-safe; under a strategy it runs in replica context.
 
         Args:
-            grads: gradients of the micro-batch's summed loss, as for :meth:`accumulate`.
-            weight: its ``c_i``, what its loss divided it by, float scalar.
-            samples: its number of samples, int scalar.
-            optimizer: the Keras optimizer that applies the window when it closes.
+            grads, weight, samples, optimizer, undivided: as for :meth:`accumulate`.
             variables: the trainable variables ``grads`` belong to, in the same order.
-            undivided: the gradients of its sums beside a mean loss, or ``None``.
 
         Returns:
             bool scalar: whether an optimizer update was applied by this call.

@@ -65,28 +65,25 @@ class AccumTrainer:
         model: a Keras model. It may be unbuilt (e.g. subclassed); it is built on the first
             micro-batch before any accumulator is created.
         optimizer: any Keras 3 optimizer (schedules, clipping, weight decay, EMA and
-            ``LossScaleOptimizer`` included), without ``gradient_accumulation_steps``; or a
-            name such as ``"adam"`` (``keras.optimizers.get``, as ``model.compile``). Replace
-            it between ``fit`` calls by assigning ``trainer.optimizer`` (fine-tuning).
-        loss: a ``keras.losses.Loss``, a loss name, or ``callable(y_true, y_pred)``, as for
-            ``model.compile``; ``None``: the model's own losses are the loss. ``model.losses``
+            ``LossScaleOptimizer`` included) without ``gradient_accumulation_steps``, or a
+            name such as ``"adam"``, as for ``model.compile``. Assign ``trainer.optimizer``
+            between ``fit`` calls to replace it (fine-tuning).
+        loss: as for ``model.compile`` (a ``keras.losses.Loss``, a name or
+            ``callable(y_true, y_pred)``); ``None``: the model's own losses. ``model.losses``
             (``add_loss`` terms, regularisers) are added as in ``model.fit``, each weighed by
             its form (the Keras workflows page).
         accum_steps: K: each batch given is a micro-batch, K of them per update.
-        micro_batch_size: b: each batch given is the recipe's batch B, split inside the step
-            into micro-batches of at most b samples, one update per batch (not with
-            ``accum_steps``). ``"auto"``: the largest b that fits, searched at the first batch
-            (see :func:`~accumcore.accumulate`); here a later step that runs out of memory
-            raises.
+        micro_batch_size: b: each batch given is B, split inside the step into micro-batches
+            of at most b samples, one update per batch (not with ``accum_steps``). ``"auto"``:
+            the largest b that fits, searched at the first batch (see
+            :func:`~accumcore.accumulate`); a later step that runs out of memory raises.
         end_of_epoch: ``"apply"`` (default: flush a partial window with its true weight),
             ``"carry"`` (keep it for the next epoch) or ``"drop"`` (discard it, logged and counted).
         nonfinite: ``"raise"`` (default; a window with a NaN or Inf is discarded whole and
             raises), ``"skip_window"`` (discarded, training goes on), ``"skip_micro_batch"``
             (only the bad micro-batches left out) or a :class:`~accumcore.NonFinitePolicy`.
-        normalizer: ``"auto"`` (default: what the loss divided each micro-batch by, read as
-            it runs: samples, sample-weight sum or valid elements under a mask or
-            ``ignore_class``; no division for ``"sum"``), ``"samples"`` or ``"sample_weight"``
-            (checked against that), or a callable ``(x, y, sample_weight) -> item count``.
+        normalizer: as for :class:`~accumcore.AccumModel` (``"auto"`` reads each
+            micro-batch's divisor as it runs; a ``"sum"`` loss is not divided).
         jit_compile: compile the ``tf.function`` steps with XLA.
         effective_batch_size: deprecated (warns); what it meant and what replaces it: the
             book's Reference page "Choosing b and K".
@@ -100,8 +97,8 @@ class AccumTrainer:
     optimizer: ``trainer.optimizer = keras.optimizers.Adam(1e-5)``); the next step retraces.
 
     Example:
-        ``model``: a ``keras.Model``; ``train_ds``: a ``tf.data.Dataset`` of unbatched
-        ``(x, y)`` pairs; ``x``, ``y``: NumPy arrays of inputs and integer labels.
+        ``train_ds``: a ``tf.data.Dataset`` of unbatched ``(x, y)`` pairs; ``x``, ``y``:
+        NumPy arrays of inputs and integer labels.
 
         >>> trainer = AccumTrainer(model, keras.optimizers.Adam(1e-3),
         ...                        "sparse_categorical_crossentropy", accum_steps=4)
@@ -389,19 +386,17 @@ class AccumTrainer:
     def window_step(self, x, y=None, sample_weight=None):
         """One optimizer update from one large batch, split in the graph.
 
-        The batch of ``n`` samples is cut, as at every entry point, into micro-batches of
-        b = ``micro_batch_size`` samples (b, b, ..., the rest), or, with ``accum_steps`` K,
-        of ``ceil(n / K)`` (at most K: 50 at K = 4 runs as 13 + 13 + 13 + 11). The
-        gradients are accumulated inside one ``tf.function`` and applied once, without holding
-        the whole batch's activations; every slice but the rest has a static size, so
-        ``jit_compile=True`` stays on for ragged batches. Must start on an empty window (it
-        closes the window it opens).
+        The batch of ``n`` samples is cut as at every entry point, into micro-batches of
+        b = ``micro_batch_size`` (b, b, ..., the rest) or, with ``accum_steps`` K, of
+        ``ceil(n / K)`` (at most K: 50 at K = 4 is 13 + 13 + 13 + 11), accumulated in one
+        ``tf.function`` without holding the whole batch's activations, and applied once.
+        Every slice but the rest has a static size, so ``jit_compile=True`` stays on for
+        ragged batches. Starts on an empty window and closes it.
 
         An error partway (out of memory at a later micro-batch) drops what the window added
-        (counted in ``samples_dropped``) and is raised: the weights and the optimizer are as
-        before, so the same batch can be given again, applied once. What the forward passes
-        changed stays changed, as after a failed Keras step (BatchNorm statistics, dropout
-        seeds).
+        (counted in ``samples_dropped``) and is raised: weights and optimizer are unchanged,
+        so the same batch can be given again, applied once. What the forward passes changed
+        (BatchNorm statistics, dropout seeds) stays changed, as after a failed Keras step.
 
         Returns:
             The mean loss over the batch (float32 scalar tensor).
@@ -510,14 +505,13 @@ class AccumTrainer:
                 sample_weight)``, or arrays / tensors (a list or dict for several inputs).
             y: the targets (arrays), only with array ``x``.
             sample_weight: one weight per sample, as ``model.fit``'s, only with array ``y``.
-            batch_size: samples per batch for arrays (default 32, as in Keras): B with
-                ``micro_batch_size=b`` (split into micro-batches of b), the micro-batch with
-                ``accum_steps=K``; b under the deprecated ``effective_batch_size`` form.
-                Arrays only: with a dataset it raises (batch the dataset instead).
+            batch_size: arrays only (with a dataset it raises: batch the dataset): samples
+                per batch, default 32 as in Keras; B with ``micro_batch_size``, b with
+                ``accum_steps`` or the deprecated ``effective_batch_size``.
             epochs: number of epochs.
-            shuffle: arrays only: ``True`` (default) draws a new order every epoch from
-                TensorFlow's global seed (after ``keras.utils.set_random_seed``, the same
-                sequence of orders in every run); ``False`` keeps the order.
+            shuffle: arrays only: ``True`` (default), a new order each epoch from
+                TensorFlow's global seed (the same orders in every run after
+                ``keras.utils.set_random_seed``); ``False`` keeps the order.
             steps_per_epoch: batches per epoch, as in ``model.fit`` (required for an infinite
                 dataset): one iterator runs across the epochs; if the data runs out, a warning
                 says so and the next epoch starts a new pass.

@@ -882,7 +882,8 @@ SUMMARY_RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("vs_minimal", "fastest compiled AccumTrainer path / minimal accumulator (9) compiled "
                    "the same way",
      MINIMAL_RATIO_TARGET),
-    ("vs_floor", "fastest of (5)/(6) / its floor (8)", FLOOR_RATIO_TARGET),
+    ("vs_floor", "fastest of (5)/(6) / its floor (8) compiled the same way",
+     FLOOR_RATIO_TARGET),
     ("vs_large_batch", "fastest accumcore path / plain fit at B (2)", None),
     ("small_vs_large", "plain fit at b (1) / plain fit at B (2)", None),
     ("split_price", "floor split into K micro-batches / the same passes unsplit", None),

@@ -63,8 +63,7 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
 
     Args:
         path: a local ``mnist.npz`` (Keras's layout), read when the download fails: pass
-            it to work offline. ``None`` (the default): no local file, unless the environment
-            variable ``ACCUMCORE_MNIST_PATH`` names one (for offline machines).
+            it to work offline. ``None`` (the default): no local file.
         verbose: print which source was used; ``False`` prints nothing, Keras's download
             lines included (``MNIST.source`` says it either way).
 
@@ -85,6 +84,8 @@ def load_mnist(path: str | None = None, *, verbose: bool = True) -> MNIST:
         data = MNIST(x_train, y_train, x_test, y_test, source="keras")
         where = "keras.datasets.mnist (download/cache)"
     except Exception as download_error:  # noqa: BLE001 - any failure falls back to the file
+        # Without ``path``, the environment variable names the file: how the book's build
+        # and the tests load MNIST on machines without internet.
         local = path or os.environ.get(MNIST_PATH_ENV)
         if not local:
             raise RuntimeError(

@@ -659,9 +659,10 @@ class CompareRun:
         name: the configuration's label.
         micro_batch: samples per ``train_step`` (b).
         accum_steps: micro-batches per optimizer update (K; 1 = plain Keras, no accumulation).
-        samples: ``(n_points,)`` training samples seen at each checkpoint (0 = initial weights).
+        samples: ``(n_points,)`` training samples seen at each evaluation point (0 = initial
+            weights).
         train_loss: ``(n_points,)`` loss (nats) on a fixed subset of the training data, at each
-            checkpoint's weights.
+            evaluation point's weights.
         test_loss: ``(n_points,)`` loss (nats) on the test data.
         test_accuracy: ``(n_points,)`` accuracy (fraction) on the test data.
         epoch_seconds: wall time of each epoch's ``fit`` (seconds), evaluation excluded.
@@ -748,8 +749,8 @@ def train_compare(
             :func:`mlp` or :func:`conv_net`, compiled here with sparse categorical
             cross-entropy.
         epochs: passes over the training data.
-        eval_every: checkpoint spacing in training samples; must be a multiple of every
-            configuration's ``b * K`` so that checkpoints fall on window boundaries.
+        eval_every: spacing of the evaluation points in training samples; must be a multiple
+            of every configuration's ``b * K`` so that they fall on window boundaries.
         n_train_eval: size of the training subset used for the training-loss curve.
         seed: weights seed (via ``build_model``) and data-order seed.
         verbose: print one line per configuration and epoch.
@@ -768,7 +769,7 @@ def train_compare(
         if eval_every % (b * k):
             raise ValueError(
                 f"`eval_every`={eval_every} must be a multiple of the effective batch b*K="
-                f"{b * k} of configuration {name!r}, so that checkpoints fall on window "
+                f"{b * k} of configuration {name!r}, so that evaluation points fall on window "
                 f"boundaries; choose e.g. eval_every={b * k * max(1, eval_every // (b * k))}."
             )
     orders = epoch_orders(len(x_train), epochs, seed)
@@ -1004,8 +1005,8 @@ def train_accumulated(
         learning_rate: the (peak) learning rate.
         warmup_steps: linear warm-up over this many updates (0 = none), see
             :class:`LinearWarmup`.
-        mode: the :meth:`accumcore.AccumTrainer.fit` mode; ``"graph"`` (one traced epoch) is
-            fastest for long runs, ``"function"`` traces faster for short ones.
+        mode: the :meth:`accumcore.AccumTrainer.fit` mode: ``"graph"`` traces one epoch,
+            ``"function"`` one micro-batch.
 
     Returns:
         A dict with these keys (loss and accuracy are NaN when the run diverged, from the
