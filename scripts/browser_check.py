@@ -378,7 +378,7 @@ def print_screens(driver: webdriver.Chrome, base: str, docnames: list[str]) -> f
             "return [document.documentElement.scrollHeight, window.innerHeight];")
         screens = height / SCREEN_PX
         total += screens
-        print(f"screens {screens:5.1f}  {docname}")
+        print(f"screens {screens:6.2f}  {docname}")
     print(f"screens {total:5.1f}  in all ({len(docnames)} pages, {SCREEN_PX} px screens at "
           f"1400 px wide; the window showed {inner} px)")
     return total
