@@ -58,9 +58,10 @@ class WindowFlushCallback(keras.callbacks.Callback):
     the state's ``end_of_epoch`` policy (``"apply"`` for an :class:`~accumcore.AccumulationState`
     made by hand: one update with the window's true weight, as ``fit`` at the large batch
     makes); and if a non-finite window stopped training (``nonfinite="raise"``, the default) it
-    raises :class:`~accumcore.NonFiniteGradientError`, the same error and message as ``fit``
-    after ``accumulate``, except for the variable's name. The check reads the state once per
-    epoch (before validation and before the end-of-epoch policy) and at the end of training,
+    raises :class:`~accumcore.NonFiniteGradientError` with the same message as ``fit`` after
+    ``accumulate``, word for word where the variables' paths match (the message names the
+    first non-finite variable by its path). The check reads the state once per epoch (before
+    validation and before the end-of-epoch policy) and at the end of training,
     never per batch: a stopped state discards every later window, and the error says how many
     micro-batches it left unused. A previous run's stop is cleared when training begins
     (logged), as ``fit`` does.
