@@ -454,3 +454,23 @@ def test_reader_page_says_the_machine_and_the_values_run():
     assert report._run_heading({"device": "GPU:0", "machine": {
         "gpus": [{"name": "/physical_device:GPU:0", "device_name": "Tesla T4"}]}}) == (
         "Results on Tesla T4 (`GPU:0`)")
+
+
+def test_the_reader_page_prints_every_cell_ratio_its_summary_counts_cells_of():
+    """Round-17 reader B1: "0.59–0.82 on the mlp (below 1 in every cell)" and "below 1 in 3 of
+    the 4 cells" for window_step's XLA could only be checked by dividing throughput figures:
+    the page prints both ratios per (model, b, K) cell, "—" where XLA was not timed."""
+    def row(model: str, k: int, config: str, median: float) -> dict:
+        return {"model": model, "micro_batch": 16, "accum_steps": k, "config": config,
+                "median": median}
+    results = {"throughput": [row("mlp", 4, "floor_window", 80.0), row("mlp", 4, "floor_B", 100.0),
+                              row("mlp", 4, "window", 100.0), row("mlp", 4, "window_xla", 50.0),
+                              row("conv", 4, "floor_window", 150.0),
+                              row("conv", 4, "floor_B", 100.0)]}
+    table = report._reader_cell_ratios(results)
+    assert "| mlp | 16 | 4 | 0.80 | 0.50 |" in table
+    assert "| conv | 16 | 4 | 1.50 | — |" in table
+    assert report._reader_cell_ratios({"throughput": []}) == []
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    assert "| model | b | K | split over unsplit | `window_step`: XLA over without |" in page
