@@ -878,16 +878,42 @@ def _with_spe(text: str, results: dict[str, Any]) -> str:
             .replace("large steps_per_execution", f"steps_per_execution={spe}"))
 
 
-def _window_xla_ratios(results: dict[str, Any]) -> list[float]:
-    """``window_step``'s throughput with XLA over without, one per (model, b, K) cell where
-    both were timed."""
+def _window_xla_by_cell(results: dict[str, Any]) -> dict[tuple[Any, ...], float]:
+    """``window_step``'s throughput with XLA over without, keyed by (model, b, K), for every
+    cell where both were timed."""
     by_cell: dict[tuple[Any, ...], dict[str, float]] = {}
     for r in results["throughput"]:
         if r.get("config") in ("window", "window_xla") and r.get("median"):
             cell = (r["model"], r["micro_batch"], r["accum_steps"])
             by_cell.setdefault(cell, {})[r["config"]] = r["median"]
-    return [c["window_xla"] / c["window"] for c in by_cell.values()
-            if "window" in c and "window_xla" in c]
+    return {cell: c["window_xla"] / c["window"] for cell, c in by_cell.items()
+            if "window" in c and "window_xla" in c}
+
+
+def _window_xla_ratios(results: dict[str, Any]) -> list[float]:
+    """``window_step``'s throughput with XLA over without, one per (model, b, K) cell where
+    both were timed (:func:`_window_xla_by_cell`'s values)."""
+    return list(_window_xla_by_cell(results).values())
+
+
+def _reader_cell_ratios(results: dict[str, Any]) -> list[str]:
+    """The two per-cell ratios the summary's sentences count cells of and the plot does not
+    show: the bare passes split over unsplit, and ``window_step`` with XLA over without (a
+    Markdown table, one row per (model, b, K) cell; empty when there is no cell)."""
+    ratios = bm.throughput_ratios(results)
+    if not ratios:
+        return []
+    window = _window_xla_by_cell(results)
+    lines = ["Two more ratios of the summary for each cell: the bare passes split into K "
+             "micro-batches over the same passes unsplit, and `window_step` with XLA over "
+             "without (— where XLA was not timed).", "",
+             "| model | b | K | split over unsplit | `window_step`: XLA over without |",
+             "| --- | --- | --- | --- | --- |"]
+    for r in ratios:
+        cell = (r["model"], r["micro_batch"], r["accum_steps"])
+        lines.append(f"| {cell[0]} | {cell[1]} | {cell[2]} | {_fmt(r.get('split_price'))} | "
+                     f"{_fmt(window.get(cell))} |")
+    return lines + [""]
 
 
 def _window_xla_sentence(ratios: list[float]) -> str:
@@ -985,8 +1011,7 @@ def _reader_ratios_plot(plot_prefix: str) -> list[str]:
             "fastest of (5)/(6) over its floor (8) compiled the same way, and the fastest "
             "accumcore path over plain fit at B (2); the dashed line marks 1, as fast. Which "
             "configuration was the "
-            "fastest in a cell is in the throughput table above. The other ratios are in the "
-            "summary only.", "",
+            "fastest in a cell is in the throughput table above.", "",
             f"![Each ratio of the summary for every (model, b, K) cell, against a dashed line "
             f"at 1]({plot_prefix}ratios.png)", ""]
 
@@ -1342,7 +1367,7 @@ def render_reader_page(result_dirs: Sequence[str], md_dir: str) -> str:
                       "% of the median); the summary above gives their ratios.", ""]
             lines += _folded("Every configuration's throughput, per model and cell",
                              _reader_throughput_tables(results))
-            lines += _reader_ratios_plot(prefix)
+            lines += _reader_ratios_plot(prefix) + _reader_cell_ratios(results)
         lines += ["### Graph operations", ""] + _fold_tables(
             _reader_ops(results), "The operations of each entry point measured") + [""]
         lines += ["### Where the time goes", ""] + _part_run(results, "breakdown") + _fold_tables(

@@ -386,13 +386,17 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
     # round-14 reader C1: the build's output file is not named to readers
     assert "READER.md" not in reproduce
     assert "writes these tables for it" in reproduce
-    assert "CONTRIBUTING.md#benchmarks" in reproduce
-    assert "--" not in reproduce.replace("```", "") and "suite" not in reproduce
-    assert "contributing guide" not in reproduce
-    with open(os.path.join(ROOT, "CONTRIBUTING.md"), encoding="utf-8") as f:
-        guide = f.read().split("## Benchmarks", 1)[1]
-    for script in ("run.py --only breakdown --merge", "nonfinite_cost.py", "accumulate_lm.py"):
-        assert f"python benchmarks/{script}" in guide, script
+    # round-17 reader C1: the separate runs' commands are on the page, in a code block, not
+    # behind a link to the maintainers' CONTRIBUTING.md; command-line flags stay out of the
+    # prose (round 14), so the prose outside the code blocks has none
+    assert "CONTRIBUTING" not in reproduce and "contributing guide" not in reproduce
+    blocks = re.findall(r"```bash\n(.*?)```", reproduce, re.S)
+    prose = re.sub(r"```bash\n.*?```", "", reproduce, flags=re.S)
+    assert blocks and "--" not in prose and "suite" not in reproduce
+    commands = "".join(blocks)
+    for script in ("run.py --only breakdown --merge", "nonfinite_cost.py", "accumulate_lm.py",
+                   "run.py --report"):
+        assert f"python benchmarks/{script}" in commands, script
         assert os.path.isfile(os.path.join(ROOT, "benchmarks", script.split()[0])), script
     with open(report.READER_PAGE, encoding="utf-8") as f:
         assert "every entry point" not in f.read()
@@ -450,3 +454,23 @@ def test_reader_page_says_the_machine_and_the_values_run():
     assert report._run_heading({"device": "GPU:0", "machine": {
         "gpus": [{"name": "/physical_device:GPU:0", "device_name": "Tesla T4"}]}}) == (
         "Results on Tesla T4 (`GPU:0`)")
+
+
+def test_the_reader_page_prints_every_cell_ratio_its_summary_counts_cells_of():
+    """Round-17 reader B1: "0.59–0.82 on the mlp (below 1 in every cell)" and "below 1 in 3 of
+    the 4 cells" for window_step's XLA could only be checked by dividing throughput figures:
+    the page prints both ratios per (model, b, K) cell, "—" where XLA was not timed."""
+    def row(model: str, k: int, config: str, median: float) -> dict:
+        return {"model": model, "micro_batch": 16, "accum_steps": k, "config": config,
+                "median": median}
+    results = {"throughput": [row("mlp", 4, "floor_window", 80.0), row("mlp", 4, "floor_B", 100.0),
+                              row("mlp", 4, "window", 100.0), row("mlp", 4, "window_xla", 50.0),
+                              row("conv", 4, "floor_window", 150.0),
+                              row("conv", 4, "floor_B", 100.0)]}
+    table = report._reader_cell_ratios(results)
+    assert "| mlp | 16 | 4 | 0.80 | 0.50 |" in table
+    assert "| conv | 16 | 4 | 1.50 | — |" in table
+    assert report._reader_cell_ratios({"throughput": []}) == []
+    with open(report.READER_PAGE, encoding="utf-8") as f:
+        page = f.read()
+    assert "| model | b | K | split over unsplit | `window_step`: XLA over without |" in page
