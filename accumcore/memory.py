@@ -34,7 +34,7 @@ room is) before probing::
     accumcore.accumulate(model, micro_batch_size=plan.max_micro_batch)
     model.fit(x, y, batch_size=4096)  # x: (n, 28, 28, 1), y: (n,) ints; one update per 4096
 
-For data that already comes as micro-batches, the second form takes K and b from the plan:
+For data that already comes as micro-batches, take K and b from the plan instead:
 ``accumcore.accumulate(model, accum_steps=plan.accum_steps)`` and
 ``fit(x, y, batch_size=plan.micro_batch_size)``.
 """

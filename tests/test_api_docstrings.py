@@ -180,3 +180,44 @@ def test_accum_model_says_what_train_on_batch_does_in_either_way():
     assert "(one micro-batch per call)" not in doc
     assert ("``train_on_batch`` (with ``accum_steps`` one micro-batch per call; with "
             "``micro_batch_size`` one split update per call)") in doc
+
+
+def joint_arguments(source: str) -> list[str]:
+    """``function: entry`` of every ``Args:`` entry in ``source`` that documents several
+    parameters at once (``x_train, y_train: ...``): napoleon renders the joint text under each
+    name, so ``y_train`` would read as "inputs"."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            continue
+        doc = ast.get_docstring(node) or ""
+        lines, in_args, indent = doc.splitlines(), False, None
+        for line in lines:
+            if line.strip() == "Args:":
+                in_args, indent = True, None
+                continue
+            if in_args and line.strip() and not line.startswith(" "):
+                in_args = False
+            if not in_args or not line.strip():
+                continue
+            width = len(line) - len(line.lstrip())
+            indent = width if indent is None else indent
+            if width == indent and "," in line.split(":", 1)[0]:
+                found.append(f"{node.name}: {line.strip()}")
+    return found
+
+
+#: The appendix B modules whose parameters readers found documented in pairs.
+ONE_PARAMETER_PER_ENTRY = ["lab/experiments.py", "lab/sequences.py", "lab/data.py",
+                           "lab/pitfalls.py", "memory.py"]
+
+
+@pytest.mark.parametrize("module", ONE_PARAMETER_PER_ENTRY)
+def test_each_parameter_has_its_own_description(module):
+    assert not joint_arguments((PACKAGE / module).read_text()), module
+
+
+def test_the_check_finds_a_joint_argument_entry():
+    source = ('def f(a, b, c):\n    """Do.\n\n    Args:\n        a, b: two arrays.\n'
+              '        c: one, with a comma: here.\n            continued, a: b.\n"""\n')
+    assert joint_arguments(source) == ["f: a, b: two arrays."]

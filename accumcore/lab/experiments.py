@@ -740,8 +740,10 @@ def train_compare(
     ``n_train_eval`` training samples.
 
     Args:
-        x_train, y_train: ``(n, ...)`` inputs and ``(n,)`` integer labels (preprocessed).
-        x_test, y_test: held-out data for the test curves.
+        x_train: ``(n, ...)`` training inputs (preprocessed).
+        y_train: ``(n,)`` integer training labels.
+        x_test: held-out inputs for the test curves, shaped like ``x_train``.
+        y_test: integer labels of ``x_test``.
         configs: ``{name: (micro_batch, accum_steps)}``, e.g.
             ``{"batch 64": (64, 1), "4 x 16": (16, 4), "batch 16": (16, 1)}``.
         make_optimizer: returns a fresh optimizer (same settings for every configuration).
@@ -994,7 +996,7 @@ def train_accumulated(
     seed: int = 0,
     mode: str = "graph",
 ) -> dict[str, Any]:
-    """Train ``build_model(seed=seed)`` with :class:`accumcore.AccumTrainer` (whole-epoch graph).
+    """Train ``build_model(seed=seed)`` with :class:`accumcore.AccumTrainer`.
 
     Micro-batches of ``micro_batch`` samples, ``accum_steps`` per update (effective batch
     ``micro_batch * accum_steps``), data order from :func:`epoch_orders` (identical for every
@@ -1005,8 +1007,8 @@ def train_accumulated(
         learning_rate: the (peak) learning rate.
         warmup_steps: linear warm-up over this many updates (0 = none), see
             :class:`LinearWarmup`.
-        mode: the :meth:`accumcore.AccumTrainer.fit` mode: ``"graph"`` traces one epoch,
-            ``"function"`` one micro-batch.
+        mode: the :meth:`accumcore.AccumTrainer.fit` mode: ``"graph"`` (the default) traces
+            one epoch, ``"function"`` one micro-batch.
 
     Returns:
         A dict with these keys (loss and accuracy are NaN when the run diverged, from the
@@ -1162,8 +1164,10 @@ def lr_sweep(
     epoch per batch size are reused across the learning rates.
 
     Args:
-        x_train, y_train: training inputs ``(n, ...)`` and integer labels ``(n,)``.
-        x_val, y_val: validation data.
+        x_train: ``(n, ...)`` training inputs.
+        y_train: ``(n,)`` integer training labels.
+        x_val: validation inputs, shaped like ``x_train``.
+        y_val: integer labels of ``x_val``.
         optimizer: ``"sgd"`` or ``"adam"``.
         learning_rates: the grid (peak learning rates when warming up).
         batch_sizes: effective batch sizes; each a multiple of its micro-batch size.

@@ -63,8 +63,9 @@ def mnist_as_sequences(
         images: (n, rows, cols) images, uint8 in 0..255 (MNIST) or floats in [0, 1].
         labels: (n,) integer labels.
         seed: seed of the lengths (``numpy.random.default_rng(seed)``).
-        min_length, max_length: lengths are drawn uniformly from ``min_length..max_length``
-            (both included; ``max_length`` defaults to the number of rows).
+        min_length: the shortest length drawn, in rows.
+        max_length: the longest length drawn, in rows (default: the number of rows). Lengths
+            are drawn uniformly from ``min_length..max_length``, both included.
         pad_value: what padded steps are filled with. It must lie outside the pixels' range,
             or ``Masking`` would also mask image rows that equal it.
 
