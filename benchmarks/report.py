@@ -80,6 +80,31 @@ def _run_heading(results: dict[str, Any]) -> str:
     return f"Results on a {m.get('cpus_usable')}-core CPU (`{device}`)"
 
 
+def _model_words(kind: str, filters: Sequence[int]) -> str:
+    """Model ``kind`` as the benchmarks build it (:func:`accumcore.lab.benchmarking.build_model`,
+    conv ``filters``), layer by layer, e.g. ``"input 784 → Dense 256 relu → … → Dense 10
+    softmax"``: read from the built model, so the page cannot drift from the code."""
+    model = bm.build_model(kind, filters=tuple(filters))
+    parts = ["input " + "×".join(str(d) for d in model.input_shape[1:])]
+    for layer in model.layers:
+        config = layer.get_config()
+        name = type(layer).__name__
+        if name == "InputLayer":
+            continue
+        if name == "Dense":
+            parts.append(f"Dense {config['units']} {config['activation']}")
+        elif name == "Conv2D":
+            parts.append(f"Conv2D {config['filters']} "
+                         + "×".join(str(k) for k in config["kernel_size"]))
+        elif name == "MaxPooling2D":
+            parts.append("max-pool " + "×".join(str(k) for k in config["pool_size"]))
+        elif name == "Activation":
+            parts.append(str(config["activation"]))
+        else:
+            parts.append(name)
+    return " → ".join(parts)
+
+
 def _machine_section(results: dict[str, Any]) -> list[str]:
     m = results["machine"]
     s = results["settings"]
@@ -103,8 +128,10 @@ def _machine_section(results: dict[str, Any]) -> list[str]:
         f"| throughput settings | models {', '.join(s['models'])}; "
         f"b ∈ {_set(s['micro_batches'])}; K ∈ {_set(s['accum_steps'])}; "
         f"median of {s['repeats']} interleaved repeats; "
-        f"steps_per_execution={s['steps_per_execution']}; conv filters {s['conv_filters']}; "
-        "Adam(1e-3) |",
+        f"steps_per_execution={s['steps_per_execution']}; Adam(1e-3) |",
+        "| models | " + "; ".join(
+            f"{kind}: {_model_words(kind, s['conv_filters'])}"
+            for kind in s["models"] if kind in bm.INPUT_SHAPES) + " |",
         f"| memory settings | conv net filters {s['memory_filters']}, b={s['memory_micro_batch']},"
         f" K ∈ {_set(s['memory_accum_steps'])}, one fresh subprocess each |",
     ]

@@ -474,3 +474,15 @@ def test_the_reader_page_prints_every_cell_ratio_its_summary_counts_cells_of():
     with open(report.READER_PAGE, encoding="utf-8") as f:
         page = f.read()
     assert "| model | b | K | split over unsplit | `window_step`: XLA over without |" in page
+
+
+def test_reader_page_names_each_models_layers_from_the_code(tmp_path):
+    """The machine table has a models row read from the built models (reader 18 D5): the
+    MLP's widths, and the conv net's layers with the run's own conv filters."""
+    out = _full_fake_run(tmp_path / "run")
+    text = report.render_reader_page([out], out)
+    row = next(line for line in text.splitlines() if line.startswith("| models |"))
+    assert "mlp: input 784 → Dense 256 relu → Dense 256 relu → Dense 10 softmax" in row
+    assert report._model_words("conv", (8, 24)) == (
+        "input 28×28×1 → Conv2D 8 3×3 → relu → max-pool 2×2 → Conv2D 24 3×3 → relu → "
+        "max-pool 2×2 → Flatten → Dense 10 softmax")
