@@ -373,7 +373,7 @@ def test_the_book_page_says_which_entry_points_it_measures_and_how_to_rerun_each
         page = f.read()
     assert "every entry point" not in page
     assert "`accumulate(model, micro_batch_size=b)` with `fit(batch_size=B)` is measured in\n" \
-        "{doc}`../07_memory_speed`" in page
+        "{doc}`chapter 7 <../07_memory_speed>`" in page
     assert "(4) `AccumModel.fit` with `accum_steps=K` (`fit` at b" in page
     # the one command a reader runs, and where its tables go (round-13 reader C1: no command,
     # only "suite / contributing guide" talk); the separate runs' commands are in the guide
